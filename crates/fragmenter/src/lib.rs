@@ -1,0 +1,1 @@
+//! Shape free memory into a target buddyinfo profile.

@@ -1,0 +1,16 @@
+//! Read and record the kernel's memory state.
+//!
+//! One module per kernel interface; each parses text (so real captures can be tested) and reads the
+//! live file. Parse errors name the file and line. Derived views — the `free` table, the
+//! fragmentation indices — live beside the interface they are computed from.
+
+pub mod buddyinfo;
+pub mod error;
+pub mod extfrag;
+pub mod meminfo;
+pub mod pagetypeinfo;
+pub mod slabinfo;
+pub mod sockstat;
+pub mod vmstat;
+
+pub use error::{Error, Result};

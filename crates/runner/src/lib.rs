@@ -1,0 +1,1 @@
+//! The `fraglab` command: argument parsing, resolution into a plan, and the subcommands.
