@@ -13,12 +13,7 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("{path}:{line}: {reason} in {text:?}")]
-    Parse {
-        path: PathBuf,
-        line: usize,
-        text: String,
-        reason: String,
-    },
+    Parse { path: PathBuf, line: usize, text: String, reason: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
