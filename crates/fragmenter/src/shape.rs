@@ -1,0 +1,267 @@
+//! Choosing which of our pages to free so the buddy allocator sees exactly the free blocks we want.
+//!
+//! The buddy allocator merges a free block of order `o` with its buddy (the other half of the aligned
+//! block of order `o + 1`) only when the buddy is free too. So a freed, aligned run of 2^o pages stays
+//! an order-`o` block for as long as its buddy holds at least one page we keep. Everything here works
+//! on physical frame numbers read from pagemap; nothing touches the kernel.
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+/// What the plan asks the allocator to end up with in the memory we own.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cut {
+    /// Page indices (into the arena) to free, merged into `[start, end)` runs in virtual order.
+    pub runs: Vec<(usize, usize)>,
+    /// Free blocks this creates, per order.
+    pub blocks: Vec<u64>,
+    /// Free blocks the target asked for but our memory could not hold, per order.
+    pub missing_blocks: Vec<u64>,
+    /// Pages the target asked to free that our memory could not hold.
+    pub missing_pages: u64,
+}
+
+impl Cut {
+    pub fn freed_pages(&self) -> u64 {
+        self.runs.iter().map(|(s, e)| (e - s) as u64).sum()
+    }
+}
+
+/// Our pages grouped into aligned, fully owned physical regions, by order.
+#[derive(Debug, Default)]
+struct Regions {
+    /// `by_order[o]` = start PFNs of owned, aligned regions of 2^o pages that are still whole.
+    by_order: Vec<Vec<u64>>,
+}
+
+impl Regions {
+    /// Split the owned PFNs into maximal aligned regions no larger than `max_order`.
+    fn from_pfns(sorted_pfns: &[u64], max_order: usize) -> Self {
+        let mut by_order = vec![Vec::new(); max_order + 1];
+        let mut i = 0;
+        while i < sorted_pfns.len() {
+            let mut j = i + 1;
+            while j < sorted_pfns.len() && sorted_pfns[j] == sorted_pfns[j - 1] + 1 {
+                j += 1;
+            }
+            // [start, end) is a physically contiguous run of our pages: carve it into aligned blocks.
+            let (mut start, end) = (sorted_pfns[i], sorted_pfns[j - 1] + 1);
+            while start < end {
+                let align = if start == 0 { max_order } else { start.trailing_zeros() as usize };
+                let mut order = align.min(max_order);
+                while start + (1 << order) > end {
+                    order -= 1;
+                }
+                by_order[order].push(start);
+                start += 1 << order;
+            }
+            i = j;
+        }
+        // Taking from the end of each list keeps low PFNs (DMA32) for last.
+        for list in &mut by_order {
+            list.sort_unstable_by(|a, b| b.cmp(a));
+        }
+        Regions { by_order }
+    }
+
+    /// Take a whole region of exactly `order`, splitting a larger one if needed; the halves split off
+    /// go back to the pool untouched.
+    fn take(&mut self, order: usize) -> Option<u64> {
+        let from = (order..self.by_order.len()).find(|&o| !self.by_order[o].is_empty())?;
+        let start = self.by_order[from].pop()?;
+        for o in (order..from).rev() {
+            self.by_order[o].push(start + (1 << o));
+        }
+        Some(start)
+    }
+}
+
+/// No free block of order `k` or above: in each owned aligned 2^k region keep the first page and free
+/// the rest, which leaves one free block of every order below `k` there; stop after `free_pages`.
+pub fn max_free_order(pfns: &[u64], k: usize, free_pages: u64, nr_orders: usize) -> Cut {
+    assert!(k >= 1 && k < nr_orders, "max free order {k} outside 1..{nr_orders}: resolve the plan first");
+    let (index, sorted) = index_by_pfn(pfns);
+    let mut regions = Regions::from_pfns(&sorted, nr_orders - 1);
+    let mut freed = Vec::new();
+    let mut blocks = vec![0u64; nr_orders];
+    let mut left = free_pages;
+    while left > 0 {
+        let Some(start) = regions.take(k) else { break };
+        // The buddies of the kept first page: start + 2^o is the aligned order-o block beside it.
+        for o in (0..k).rev() {
+            if 1u64 << o <= left {
+                freed.push((start + (1 << o), 1u64 << o));
+                blocks[o] += 1;
+                left -= 1 << o;
+            }
+        }
+    }
+    Cut { runs: to_runs(&freed, &index), blocks, missing_blocks: vec![0; nr_orders], missing_pages: left }
+}
+
+/// Reproduce `target[o]` free blocks of each order `o` in our memory.
+///
+/// Highest orders first, each from the smallest region that fits: an order-`o` block is the lower
+/// half of an owned aligned 2^(o+1) region whose upper half stays ours (and may host smaller blocks
+/// in turn, which always keep half of it). At the top order there is no buddy to merge with, so the
+/// whole region is freed.
+pub fn profile(pfns: &[u64], target: &[u64], nr_orders: usize) -> Cut {
+    let (index, sorted) = index_by_pfn(pfns);
+    let top = nr_orders - 1;
+    let mut regions = Regions::from_pfns(&sorted, top);
+    let mut freed = Vec::new();
+    let mut blocks = vec![0u64; nr_orders];
+    let mut missing_blocks = vec![0u64; nr_orders];
+    for o in (0..target.len().min(nr_orders)).rev() {
+        for _ in 0..target[o] {
+            if o == top {
+                match regions.take(o) {
+                    Some(start) => freed.push((start, 1u64 << o)),
+                    None => {
+                        missing_blocks[o] += 1;
+                        continue;
+                    }
+                }
+            } else {
+                match regions.take(o + 1) {
+                    Some(start) => {
+                        freed.push((start, 1u64 << o));
+                        regions.by_order[o].push(start + (1 << o));
+                    }
+                    None => {
+                        missing_blocks[o] += 1;
+                        continue;
+                    }
+                }
+            }
+            blocks[o] += 1;
+        }
+    }
+    let missing_pages = missing_blocks.iter().enumerate().map(|(o, &n)| n << o).sum();
+    Cut { runs: to_runs(&freed, &index), blocks, missing_blocks, missing_pages }
+}
+
+/// Scale a profile so that building it needs no more than `pages` pages of ours (each order-`o`
+/// block needs an owned 2^(o+1) region in the worst case). Returns the factor used (≤ 1).
+pub fn scale_profile(target: &[u64], pages: u64) -> (Vec<u64>, f64) {
+    let need = profile_pages(target);
+    if need <= pages || need == 0 {
+        return (target.to_vec(), 1.0);
+    }
+    let f = pages as f64 / need as f64;
+    (target.iter().map(|&n| (n as f64 * f).floor() as u64).collect(), f)
+}
+
+/// Pages needed to hold `target` at worst: an owned 2^(o+1) region for every order-`o` block.
+pub fn profile_pages(target: &[u64]) -> u64 {
+    target.iter().enumerate().map(|(o, &n)| n << (o + 1)).sum()
+}
+
+/// `pfns[i]` is the PFN of arena page `i` (0 = not present): the owned PFNs sorted, and PFN → index.
+fn index_by_pfn(pfns: &[u64]) -> (HashMap<u64, usize>, Vec<u64>) {
+    let index: HashMap<u64, usize> =
+        pfns.iter().enumerate().filter(|(_, &p)| p != 0).map(|(i, &p)| (p, i)).collect();
+    let mut sorted: Vec<u64> = index.keys().copied().collect();
+    sorted.sort_unstable();
+    (index, sorted)
+}
+
+/// Physical blocks → arena page indices → merged virtual runs, so the kernel gets few, long ranges.
+fn to_runs(freed: &[(u64, u64)], index: &HashMap<u64, usize>) -> Vec<(usize, usize)> {
+    let mut pages: Vec<usize> =
+        freed.iter().flat_map(|&(start, len)| (start..start + len).map(|pfn| index[&pfn])).collect();
+    pages.sort_unstable();
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for p in pages {
+        match runs.last_mut() {
+            Some((_, end)) if *end == p => *end += 1,
+            _ => runs.push((p, p + 1)),
+        }
+    }
+    runs
+}
+
+/// Free blocks per order that a set of freed physical pages forms, as the buddy allocator would merge
+/// them if nothing else in memory were free — the checker for a cut.
+pub fn buddy_blocks(freed_pfns: &[u64], nr_orders: usize) -> Vec<u64> {
+    let mut current: BTreeSet<u64> = freed_pfns.iter().copied().collect();
+    let mut blocks = vec![0u64; nr_orders];
+    for (o, count) in blocks.iter_mut().enumerate() {
+        let mut merged = BTreeSet::new();
+        for &b in &current {
+            if o + 1 < nr_orders && current.contains(&(b ^ (1 << o))) {
+                merged.insert(b & !(1 << o)); // both buddies name the same parent
+            } else {
+                *count += 1;
+            }
+        }
+        current = merged;
+    }
+    blocks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Arena pages mapped onto a shuffled subset of a physical range, like a real populate.
+    fn arena(range: u64, holes: &[u64], seed: u64) -> Vec<u64> {
+        let mut pfns: Vec<u64> = (4096..4096 + range).filter(|p| !holes.contains(&(p % 997))).collect();
+        // A cheap deterministic shuffle: the kernel hands out pages in no useful virtual order.
+        let n = pfns.len();
+        for i in 0..n {
+            let j = ((i as u64).wrapping_mul(6364136223846793005).wrapping_add(seed) % n as u64) as usize;
+            pfns.swap(i, j);
+        }
+        pfns
+    }
+
+    fn freed_pfns(pfns: &[u64], cut: &Cut) -> Vec<u64> {
+        cut.runs.iter().flat_map(|&(s, e)| (s..e).map(|i| pfns[i])).collect()
+    }
+
+    proptest! {
+        // Each case builds an arena of up to ~100k pages; fewer cases keep debug builds quick.
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        #[test]
+        fn max_free_order_leaves_nothing_at_or_above_k(
+            range in 64u64..20_000, k in 1usize..10, frac in 0.0f64..1.0,
+            holes in proptest::collection::vec(0u64..997, 0..20), seed: u64,
+        ) {
+            let pfns = arena(range, &holes, seed);
+            let want = (pfns.len() as f64 * frac) as u64;
+            let cut = max_free_order(&pfns, k, want, 11);
+            let blocks = buddy_blocks(&freed_pfns(&pfns, &cut), 11);
+            prop_assert_eq!(&blocks, &cut.blocks);
+            prop_assert!(blocks[k..].iter().all(|&n| n == 0), "{:?}", blocks);
+            prop_assert_eq!(cut.freed_pages() + cut.missing_pages, want);
+        }
+
+        #[test]
+        fn profile_is_reproduced_exactly_when_it_fits(
+            target in proptest::collection::vec(0u64..12, 11), seed: u64,
+        ) {
+            let need = profile_pages(&target);
+            let pfns = arena(need.max(1) * 2 + 2048, &[], seed);
+            let cut = profile(&pfns, &target, 11);
+            prop_assert!(cut.missing_blocks.iter().all(|&n| n == 0));
+            prop_assert_eq!(&buddy_blocks(&freed_pfns(&pfns, &cut), 11), &target);
+        }
+    }
+
+    #[test]
+    fn seed_profile_scaled_into_a_small_arena() {
+        let target = [40773, 37, 34, 29, 0, 0, 0, 0, 0, 0, 0];
+        let pfns = arena(32 * 1024, &[5, 77], 9);
+        let (scaled, f) = scale_profile(&target, pfns.len() as u64);
+        assert!(f < 1.0 && scaled[0] > 0);
+        let cut = profile(&pfns, &scaled, 11);
+        let blocks = buddy_blocks(&freed_pfns(&pfns, &cut), 11);
+        for o in 0..11 {
+            assert_eq!(blocks[o] + cut.missing_blocks[o], scaled[o], "order {o}");
+        }
+    }
+}
