@@ -1,4 +1,18 @@
 //! Shape free memory into a target `/proc/buddyinfo` profile, hold it against compaction, release it.
+//!
+//! [`fragment::Fragmenter::start`] takes memory ([`arena`]), reads where it landed physically,
+//! chooses which pages to free so the buddy allocator is left with exactly the wanted free blocks
+//! ([`shape`]), and frees them. Sysctls go through a journal ([`sysctl`]) so they are restored on
+//! release, exit or signal, and by the next fraglab if this one was killed ([`instance`]). A holding
+//! fragmenter answers `status` and `release` on a Unix socket ([`control`]).
 
+pub mod arena;
+pub mod control;
+pub mod fragment;
+pub mod instance;
 pub mod shape;
+pub mod sysctl;
 pub mod target;
+
+pub use fragment::{Fragmenter, Pin, Plan, Status};
+pub use target::Target;

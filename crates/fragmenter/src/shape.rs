@@ -16,6 +16,8 @@ pub struct Cut {
     pub runs: Vec<(usize, usize)>,
     /// Free blocks this creates, per order.
     pub blocks: Vec<u64>,
+    /// Each free block as (first PFN, order), to check later that it is still free.
+    pub at: Vec<(u64, usize)>,
     /// Free blocks the target asked for but our memory could not hold, per order.
     pub missing_blocks: Vec<u64>,
     /// Pages the target asked to free that our memory could not hold.
@@ -97,7 +99,8 @@ pub fn max_free_order(pfns: &[u64], k: usize, free_pages: u64, nr_orders: usize)
             }
         }
     }
-    Cut { runs: to_runs(&freed, &index), blocks, missing_blocks: vec![0; nr_orders], missing_pages: left }
+    let at = block_list(&freed);
+    Cut { runs: to_runs(&freed, &index), blocks, at, missing_blocks: vec![0; nr_orders], missing_pages: left }
 }
 
 /// Reproduce `target[o]` free blocks of each order `o` in our memory.
@@ -139,7 +142,8 @@ pub fn profile(pfns: &[u64], target: &[u64], nr_orders: usize) -> Cut {
         }
     }
     let missing_pages = missing_blocks.iter().enumerate().map(|(o, &n)| n << o).sum();
-    Cut { runs: to_runs(&freed, &index), blocks, missing_blocks, missing_pages }
+    let at = block_list(&freed);
+    Cut { runs: to_runs(&freed, &index), blocks, at, missing_blocks, missing_pages }
 }
 
 /// Scale a profile so that building it needs no more than `pages` pages of ours (each order-`o`
@@ -165,6 +169,10 @@ fn index_by_pfn(pfns: &[u64]) -> (HashMap<u64, usize>, Vec<u64>) {
     let mut sorted: Vec<u64> = index.keys().copied().collect();
     sorted.sort_unstable();
     (index, sorted)
+}
+
+fn block_list(freed: &[(u64, u64)]) -> Vec<(u64, usize)> {
+    freed.iter().map(|&(start, len)| (start, len.trailing_zeros() as usize)).collect()
 }
 
 /// Physical blocks → arena page indices → merged virtual runs, so the kernel gets few, long ranges.

@@ -1,0 +1,198 @@
+//! The memory the fragmenter takes: anonymous mappings populated page by page, their physical frame
+//! numbers from `/proc/self/pagemap`, and the madvise calls that free chosen pages back to the buddy
+//! allocator.
+
+use anyhow::{bail, Context, Result};
+use memmap2::{MmapMut, MmapOptions};
+
+pub const PAGE_SIZE: usize = 4096;
+
+/// One anonymous mapping. Chunks keep each mapping small enough that giving memory back under
+/// pressure can drop whole chunks, and never split into per-page VMAs (vm.max_map_count).
+struct Chunk {
+    map: MmapMut,
+    /// Index of this chunk's first page in the arena.
+    first_page: usize,
+}
+
+/// All memory the fragmenter holds, addressed by page index across chunks.
+#[derive(Default)]
+pub struct Arena {
+    chunks: Vec<Chunk>,
+    pages: usize,
+    locked: bool,
+}
+
+impl Arena {
+    /// Map and fault in `bytes` more memory as small pages. Transparent huge pages are refused so
+    /// every page is an order-0 allocation the cut can free one by one.
+    pub fn populate(&mut self, bytes: usize) -> Result<()> {
+        let len = bytes / PAGE_SIZE * PAGE_SIZE;
+        if len == 0 {
+            return Ok(());
+        }
+        let mut map = MmapOptions::new().len(len).map_anon().context("mmap of anonymous memory failed")?;
+        map.advise(memmap2::Advice::NoHugePage).context("madvise(MADV_NOHUGEPAGE)")?;
+        let ptr = map.as_mut_ptr();
+        // SAFETY: the range is exactly our fresh mapping.
+        if unsafe { libc::madvise(ptr.cast(), len, libc::MADV_POPULATE_WRITE) } != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EINVAL) {
+                return Err(err).context("madvise(MADV_POPULATE_WRITE)");
+            }
+            // Before 5.14 there is no MADV_POPULATE_WRITE: touch every page instead.
+            for off in (0..len).step_by(PAGE_SIZE) {
+                map[off] = 1;
+            }
+        }
+        if self.locked {
+            lock(&map)?;
+        }
+        self.chunks.push(Chunk { map, first_page: self.pages });
+        self.pages += len / PAGE_SIZE;
+        Ok(())
+    }
+
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    pub fn bytes(&self) -> u64 {
+        (self.pages * PAGE_SIZE) as u64
+    }
+
+    /// mlock everything held now and populated later. Locked pages are unevictable; with
+    /// `vm.compact_unevictable_allowed = 0` compaction will not migrate them either.
+    pub fn lock(&mut self) -> Result<()> {
+        for c in &self.chunks {
+            lock(&c.map)?;
+        }
+        self.locked = true;
+        Ok(())
+    }
+
+    pub fn is_locked(&self) -> bool {
+        self.locked
+    }
+
+    /// The PFN of every page (0 where the kernel hides it: without CAP_SYS_ADMIN pagemap reports 0).
+    pub fn pfns(&self) -> Result<Vec<u64>> {
+        let me = procfs::process::Process::myself().context("cannot open /proc/self")?;
+        let mut pagemap = me.pagemap().context("cannot open /proc/self/pagemap")?;
+        let mut pfns = Vec::with_capacity(self.pages);
+        for c in &self.chunks {
+            let first = c.map.as_ptr() as usize / PAGE_SIZE;
+            let infos = pagemap
+                .get_range_info(first..first + c.map.len() / PAGE_SIZE)
+                .context("cannot read /proc/self/pagemap")?;
+            pfns.extend(infos.into_iter().map(|i| match i {
+                procfs::process::PageInfo::MemoryPage(f)
+                    if f.contains(procfs::process::MemoryPageFlags::PRESENT) =>
+                {
+                    f.get_page_frame_number().0
+                }
+                _ => 0,
+            }));
+        }
+        Ok(pfns)
+    }
+
+    /// Give the pages in `runs` (arena page indices, `[start, end)`) back to the kernel. Mapped
+    /// ranges stay mapped, so no VMA is split and vm.max_map_count is never approached.
+    pub fn free(&mut self, runs: &[(usize, usize)]) -> Result<()> {
+        let advice = if self.locked { libc::MADV_DONTNEED_LOCKED } else { libc::MADV_DONTNEED };
+        let mut iovecs: Vec<libc::iovec> = Vec::with_capacity(runs.len());
+        for &(start, end) in runs {
+            // A run of page indices may straddle two chunks that are not virtually adjacent.
+            let mut s = start;
+            while s < end {
+                let ci = self.chunks.partition_point(|c| c.first_page <= s) - 1;
+                let c = &self.chunks[ci];
+                let chunk_end = c.first_page + c.map.len() / PAGE_SIZE;
+                let e = end.min(chunk_end);
+                let base = c.map.as_ptr() as usize + (s - c.first_page) * PAGE_SIZE;
+                iovecs.push(libc::iovec { iov_base: base as *mut _, iov_len: (e - s) * PAGE_SIZE });
+                s = e;
+            }
+        }
+        madvise_many(&iovecs, advice)
+    }
+
+    /// Give back whole chunks from the end until at least `bytes` are returned, or nothing is left.
+    /// Returns the bytes given back.
+    pub fn shrink(&mut self, bytes: u64) -> u64 {
+        let mut given = 0;
+        while given < bytes {
+            let Some(c) = self.chunks.pop() else { break };
+            given += c.map.len() as u64;
+            self.pages = c.first_page;
+        }
+        given
+    }
+
+    /// Unmap everything.
+    pub fn release(&mut self) {
+        self.chunks.clear();
+        self.pages = 0;
+    }
+}
+
+fn lock(map: &MmapMut) -> Result<()> {
+    // SAFETY: locking our own mapping's range.
+    if unsafe { libc::mlock(map.as_ptr().cast(), map.len()) } != 0 {
+        let err = std::io::Error::last_os_error();
+        bail!("mlock of {} MiB failed: {err} (RLIMIT_MEMLOCK? run as root)", map.len() >> 20);
+    }
+    Ok(())
+}
+
+/// process_madvise(2) takes up to UIO_MAXIOV ranges per call; on kernels before 6.13 it refuses
+/// MADV_DONTNEED for the caller itself (EINVAL), so fall back to one madvise(2) per range.
+fn madvise_many(iovecs: &[libc::iovec], advice: libc::c_int) -> Result<()> {
+    const UIO_MAXIOV: usize = 1024;
+    // SAFETY: pidfd_open on our own pid returns a new descriptor or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, std::process::id(), 0) } as libc::c_int;
+    let mut batched = pidfd >= 0;
+    let mut done = 0;
+    while batched && done < iovecs.len() {
+        let batch = &iovecs[done..iovecs.len().min(done + UIO_MAXIOV)];
+        let want: usize = batch.iter().map(|v| v.iov_len).sum();
+        // SAFETY: the iovecs describe ranges of our own mappings.
+        let n = unsafe {
+            libc::syscall(libc::SYS_process_madvise, pidfd, batch.as_ptr(), batch.len(), advice, 0)
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if done == 0 && matches!(err.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS | libc::EPERM)) {
+                batched = false;
+                break;
+            }
+            // SAFETY: closing the descriptor we opened.
+            unsafe { libc::close(pidfd) };
+            return Err(err).context("process_madvise(MADV_DONTNEED) failed");
+        }
+        if (n as usize) < want {
+            // A partial advise: finish the batch range by range rather than guess where it stopped.
+            madvise_each(batch, advice)?;
+        }
+        done += batch.len();
+    }
+    if pidfd >= 0 {
+        // SAFETY: closing the descriptor we opened.
+        unsafe { libc::close(pidfd) };
+    }
+    if !batched {
+        madvise_each(&iovecs[done..], advice)?;
+    }
+    Ok(())
+}
+
+fn madvise_each(iovecs: &[libc::iovec], advice: libc::c_int) -> Result<()> {
+    for v in iovecs {
+        // SAFETY: each iovec is a range of our own mapping.
+        if unsafe { libc::madvise(v.iov_base, v.iov_len, advice) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("madvise(MADV_DONTNEED) failed");
+        }
+    }
+    Ok(())
+}

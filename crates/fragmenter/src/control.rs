@@ -1,0 +1,91 @@
+//! The control socket of a holding fragmenter: line-delimited JSON over a Unix socket in the run
+//! directory, mode 0600, peers checked with SO_PEERCRED.
+//!
+//! ```text
+//! → {"cmd":"status"}        ← {"ok":true,"status":{...}}
+//! → {"cmd":"release"}       ← {"ok":true,"released":true}
+//! ```
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+pub const SOCKET: &str = "fraglab.sock";
+
+/// A request is one short line; anything longer is refused rather than buffered.
+pub const MAX_REQUEST: usize = 4096;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    Release,
+}
+
+/// Bind the socket, owner-only. The instance lock removed any stale socket file already.
+pub fn listen(dir: &Path) -> Result<UnixListener> {
+    let path = dir.join(SOCKET);
+    let listener = UnixListener::bind(&path).with_context(|| format!("cannot bind {}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Accept and answer every pending connection; `answer` turns a request into a JSON reply. Returns
+/// true when a release was requested. A bad peer or request gets an error reply and changes nothing.
+pub fn serve_pending(listener: &UnixListener, mut answer: impl FnMut(&Request) -> serde_json::Value) -> bool {
+    let mut release = false;
+    while let Ok((stream, _)) = listener.accept() {
+        let reply = match read_request(&stream) {
+            Ok(req) => {
+                release |= req == Request::Release;
+                answer(&req)
+            }
+            Err(e) => serde_json::json!({ "ok": false, "error": format!("{e:#}") }),
+        };
+        let mut s = &stream;
+        let _ = writeln!(s, "{reply}");
+    }
+    release
+}
+
+fn read_request(stream: &UnixStream) -> Result<Request> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)?;
+    let me = nix::unistd::geteuid().as_raw();
+    if cred.uid() != 0 && cred.uid() != me {
+        bail!("peer uid {} (pid {}) may not control this fraglab", cred.uid(), cred.pid());
+    }
+    let mut line = String::new();
+    BufReader::new(stream.take(MAX_REQUEST as u64 + 1)).read_line(&mut line)?;
+    if line.len() > MAX_REQUEST {
+        bail!("request longer than {MAX_REQUEST} bytes");
+    }
+    serde_json::from_str(line.trim()).with_context(|| {
+        format!("not a request: {:?} (expected {{\"cmd\":\"status\"|\"release\"}})", line.trim())
+    })
+}
+
+/// Send one request to the fragmenter holding `dir` and return its reply.
+pub fn call(dir: &Path, req: &Request) -> Result<serde_json::Value> {
+    let path = dir.join(SOCKET);
+    let stream = UnixStream::connect(&path)
+        .with_context(|| format!("no fraglab is holding memory (cannot connect to {})", path.display()))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut s = &stream;
+    writeln!(s, "{}", serde_json::to_string(req)?)?;
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line)?;
+    let reply: serde_json::Value = serde_json::from_str(&line)
+        .with_context(|| format!("bad reply from {}: {line:?}", path.display()))?;
+    if reply["ok"] != true {
+        bail!("fraglab answered: {}", reply["error"]);
+    }
+    Ok(reply)
+}

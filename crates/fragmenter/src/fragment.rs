@@ -1,0 +1,333 @@
+//! Take memory, cut it into the target shape, hold it, give it back.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use fraglab_probe::buddyinfo::BuddyInfo;
+use procfs::Current;
+use serde::{Deserialize, Serialize};
+
+use crate::arena::{Arena, PAGE_SIZE};
+use crate::shape::{self, Cut};
+use crate::sysctl::{Entry, Journal};
+use crate::target::Target;
+
+/// How held pages resist compaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pin {
+    /// mlocked, with `vm.compact_unevictable_allowed = 0`: compaction cannot move them.
+    Mlock,
+    /// Ordinary movable pages: the realistic case where compaction fights back.
+    None,
+}
+
+/// A validated fragmenter job. Built by the runner's resolve step; nothing here is re-checked.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Plan {
+    pub target: Target,
+    /// Shape only this many bytes; `None` takes all free memory above the reserve.
+    pub budget: Option<u64>,
+    pub pin: Pin,
+    /// MemAvailable that populating never goes below.
+    pub reserve: u64,
+    /// While holding, MemAvailable below this makes fraglab give memory back before the OOM killer
+    /// has to act.
+    pub floor: u64,
+    /// Set `vm.compaction_proactiveness = 0` while holding.
+    pub no_proactive_compaction: bool,
+    /// Number of orders of this kernel (`NR_PAGE_ORDERS`), from buddyinfo.
+    pub nr_orders: usize,
+}
+
+/// Where shaping stands, for a progress bar.
+#[derive(Clone, Debug)]
+pub enum Progress {
+    Populating { done: u64, total: u64 },
+    Cutting,
+    Freeing { pages: u64 },
+    Settling,
+}
+
+/// What the fragmenter achieved, and what it is holding.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub pid: u32,
+    /// Seconds since the Unix epoch when the hold began.
+    pub since: u64,
+    pub target: Target,
+    pub pin: Pin,
+    pub budget: Option<u64>,
+    pub held_bytes: u64,
+    pub freed_bytes: u64,
+    /// Free blocks the cut made, per order.
+    pub planned: Vec<u64>,
+    /// Of those, the ones whose first page is still a free buddy block (`/proc/kpageflags` BUDDY).
+    pub intact: Vec<u64>,
+    /// Free blocks the target asked for that the memory taken could not hold, per order.
+    pub missing: Vec<u64>,
+    /// For a profile target: the factor it was scaled by to fit this machine or budget.
+    pub scale: f64,
+    /// Held pages no longer at the frame they had when the cut was made (migrated by compaction).
+    pub moved_pages: u64,
+    /// True when PFNs were hidden (not root) and the naive every-other-page pattern was used.
+    pub naive: bool,
+    pub buddyinfo_before: BuddyInfo,
+    pub buddyinfo_populated: BuddyInfo,
+    pub buddyinfo_now: BuddyInfo,
+    pub sysctls: Vec<Entry>,
+    /// What fraglab did on its own while holding (gave memory back, ...), with timestamps.
+    pub events: Vec<String>,
+    /// Set once the target no longer holds and why.
+    pub target_lost: Option<String>,
+}
+
+/// A fragmenter holding memory in shape.
+pub struct Fragmenter {
+    plan: Plan,
+    arena: Arena,
+    journal: Journal,
+    cut: Cut,
+    kept: Vec<(usize, u64)>,
+    status: Status,
+}
+
+/// MemAvailable in bytes.
+pub fn mem_available() -> Result<u64> {
+    let m = procfs::Meminfo::current().context("cannot read /proc/meminfo")?;
+    m.mem_available.context("/proc/meminfo has no MemAvailable (kernel older than 3.14)")
+}
+
+/// The default reserve for this machine: never below a few times the kernel's own min watermark.
+pub fn default_reserve() -> Result<u64> {
+    let min_free = crate::sysctl::read("vm.min_free_kbytes")?.parse::<u64>().unwrap_or(0) * 1024;
+    let total = procfs::Meminfo::current().context("cannot read /proc/meminfo")?.mem_total;
+    Ok((3 * min_free).max(total / 64).max(64 << 20))
+}
+
+/// The largest number of pages a max-free-order cut can free out of `pages` held.
+pub fn max_freeable(pages: u64, order: usize) -> u64 {
+    pages / (1 << order) * ((1 << order) - 1)
+}
+
+const CHUNK: u64 = 64 << 20;
+
+/// Per-CPU lists above this many pages hide freed pages from buddyinfo; a huge fraction shrinks
+/// every list to its floor (4 × batch).
+const PCP_HIGH_FRACTION: &str = "100000";
+
+impl Fragmenter {
+    /// Shape memory to `plan`. Sysctls are changed through `journal`, which restores them if this
+    /// fails or when the fragmenter is released.
+    pub fn start(plan: Plan, mut journal: Journal, progress: &mut dyn FnMut(Progress)) -> Result<Self> {
+        // If the OOM killer must pick someone, it should be us: our memory is the cheapest to lose.
+        std::fs::write("/proc/self/oom_score_adj", "1000").context("cannot set oom_score_adj")?;
+        journal.set("vm.percpu_pagelist_high_fraction", PCP_HIGH_FRACTION)?;
+        if plan.pin == Pin::Mlock {
+            journal.set("vm.compact_unevictable_allowed", "0")?;
+        }
+        if plan.no_proactive_compaction {
+            journal.set("vm.compaction_proactiveness", "0")?;
+        }
+        let buddyinfo_before = BuddyInfo::read()?;
+
+        let mut arena = Arena::default();
+        if plan.pin == Pin::Mlock {
+            arena.lock()?;
+        }
+        let total = match plan.budget {
+            Some(b) => b,
+            None => mem_available()?.saturating_sub(plan.reserve),
+        };
+        while arena.bytes() < total {
+            let avail = mem_available()?;
+            let step = CHUNK.min(total - arena.bytes());
+            if avail < plan.reserve + step {
+                break; // the reserve is not ours to take; shape what we have
+            }
+            arena.populate(step as usize)?;
+            progress(Progress::Populating { done: arena.bytes(), total });
+        }
+        let buddyinfo_populated = BuddyInfo::read()?;
+
+        progress(Progress::Cutting);
+        let pfns = arena.pfns()?;
+        let naive = pfns.iter().all(|&p| p == 0);
+        let mut scale = 1.0;
+        let cut = if naive {
+            naive_cut(arena.pages(), &plan.target, plan.nr_orders)
+        } else {
+            match &plan.target {
+                Target::MaxFreeOrder { order, free_bytes } => {
+                    shape::max_free_order(&pfns, *order, free_bytes / PAGE_SIZE as u64, plan.nr_orders)
+                }
+                Target::Profile { free, .. } => {
+                    let (scaled, f) = shape::scale_profile(free, arena.pages() as u64);
+                    scale = f;
+                    shape::profile(&pfns, &scaled, plan.nr_orders)
+                }
+            }
+        };
+        progress(Progress::Freeing { pages: cut.freed_pages() });
+        arena.free(&cut.runs)?;
+        let kept = kept_pages(&pfns, &cut);
+
+        progress(Progress::Settling);
+        let buddyinfo_now = settle()?;
+        let status = Status {
+            pid: std::process::id(),
+            since: crate::instance::now_epoch(),
+            target: plan.target.clone(),
+            pin: plan.pin,
+            budget: plan.budget,
+            held_bytes: (arena.pages() as u64 - cut.freed_pages()) * PAGE_SIZE as u64,
+            freed_bytes: cut.freed_pages() * PAGE_SIZE as u64,
+            planned: cut.blocks.clone(),
+            intact: vec![0; plan.nr_orders],
+            missing: cut.missing_blocks.clone(),
+            scale,
+            moved_pages: 0,
+            naive,
+            buddyinfo_before,
+            buddyinfo_populated,
+            buddyinfo_now,
+            sysctls: journal.entries().to_vec(),
+            events: Vec::new(),
+            target_lost: None,
+        };
+        let mut f = Fragmenter { plan, arena, journal, cut, kept, status };
+        f.refresh()?;
+        Ok(f)
+    }
+
+    /// Re-read buddyinfo, which planned blocks are still free, and which held pages moved.
+    pub fn refresh(&mut self) -> Result<&Status> {
+        self.status.buddyinfo_now = BuddyInfo::read()?;
+        if !self.status.naive && self.arena.pages() > 0 {
+            self.status.intact = intact_blocks(&self.cut.at, self.plan.nr_orders)?;
+            let pfns = self.arena.pfns()?;
+            self.status.moved_pages =
+                self.kept.iter().filter(|&&(i, pfn)| pfns.get(i).is_some_and(|&p| p != pfn)).count() as u64;
+        }
+        Ok(&self.status)
+    }
+
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+
+    /// One step of the hold: if MemAvailable fell below the floor, give memory back — whole chunks,
+    /// until the reserve is available again — before the OOM killer has to act. Returns what it did.
+    pub fn guard(&mut self) -> Result<Option<String>> {
+        let avail = mem_available()?;
+        if avail >= self.plan.floor || self.arena.pages() == 0 {
+            return Ok(None);
+        }
+        let given = self.arena.shrink(self.plan.reserve.saturating_sub(avail).max(CHUNK));
+        self.kept.retain(|&(i, _)| i < self.arena.pages());
+        self.cut.at.clear();
+        self.status.held_bytes = self.status.held_bytes.saturating_sub(given);
+        let what = format!(
+            "{}: MemAvailable {} MiB fell below the floor {} MiB; gave back {} MiB; target lost",
+            humantime::format_rfc3339_seconds(std::time::SystemTime::now()),
+            avail >> 20,
+            self.plan.floor >> 20,
+            given >> 20
+        );
+        self.status.events.push(what.clone());
+        self.status.target_lost = Some("memory pressure: memory given back to avoid the OOM killer".into());
+        Ok(Some(what))
+    }
+
+    /// Unmap everything and restore every sysctl.
+    pub fn release(mut self) -> Result<Vec<crate::sysctl::Restored>> {
+        self.arena.release();
+        self.journal.restore()
+    }
+}
+
+/// Every arena page the cut keeps, with its PFN, to notice migration later.
+fn kept_pages(pfns: &[u64], cut: &Cut) -> Vec<(usize, u64)> {
+    let mut kept = Vec::with_capacity(pfns.len());
+    let mut runs = cut.runs.iter().peekable();
+    for (i, &pfn) in pfns.iter().enumerate() {
+        while runs.peek().is_some_and(|&&(_, end)| end <= i) {
+            runs.next();
+        }
+        if !runs.peek().is_some_and(|&&(start, _)| start <= i) {
+            kept.push((i, pfn));
+        }
+    }
+    kept
+}
+
+/// Without PFNs, fall back to what engineers do by hand: free every other page (virtually). It
+/// cannot aim at an order, so the result is whatever the physical layout allows.
+fn naive_cut(pages: usize, target: &Target, nr_orders: usize) -> Cut {
+    let want = match target {
+        Target::MaxFreeOrder { free_bytes, .. } => (*free_bytes / PAGE_SIZE as u64) as usize,
+        Target::Profile { free, .. } => free.iter().enumerate().map(|(o, n)| (*n as usize) << o).sum(),
+    };
+    let runs: Vec<(usize, usize)> = (0..pages).step_by(2).map(|i| (i, i + 1)).take(want).collect();
+    Cut {
+        runs,
+        blocks: vec![0; nr_orders],
+        at: Vec::new(),
+        missing_blocks: vec![0; nr_orders],
+        missing_pages: 0,
+    }
+}
+
+/// Wait for the per-CPU lists to drain into the buddy lists: buddyinfo stops changing, or 3 s pass.
+fn settle() -> Result<BuddyInfo> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut last = BuddyInfo::read()?;
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = BuddyInfo::read()?;
+        if now == last || Instant::now() > deadline {
+            return Ok(now);
+        }
+        last = now;
+    }
+}
+
+/// Per order, the planned free blocks whose first page still carries the BUDDY flag.
+fn intact_blocks(at: &[(u64, usize)], nr_orders: usize) -> Result<Vec<u64>> {
+    let mut flags = procfs::KPageFlags::new().context("cannot open /proc/kpageflags")?;
+    let mut intact = vec![0u64; nr_orders];
+    let mut sorted: Vec<(u64, usize)> = at.to_vec();
+    sorted.sort_unstable();
+    // Read in windows so neighbouring blocks share one read.
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i].0;
+        let mut j = i;
+        while j < sorted.len() && sorted[j].0 < start + 4096 {
+            j += 1;
+        }
+        let end = sorted[j - 1].0 + 1;
+        let range = flags
+            .get_range_info(procfs::process::Pfn(start), procfs::process::Pfn(end))
+            .context("cannot read /proc/kpageflags")?;
+        for &(pfn, order) in &sorted[i..j] {
+            if range[(pfn - start) as usize].contains(procfs::PhysicalPageFlags::BUDDY) {
+                intact[order] += 1;
+            }
+        }
+        i = j;
+    }
+    Ok(intact)
+}
+
+/// Refuse a target this kernel cannot express.
+pub fn check_order(order: usize, nr_orders: usize) -> Result<()> {
+    if order == 0 || order >= nr_orders {
+        bail!(
+            "max free order {order} is outside 1..={}: this kernel's largest order is {} (NR_PAGE_ORDERS {nr_orders} in /proc/buddyinfo)",
+            nr_orders - 1,
+            nr_orders - 1
+        );
+    }
+    Ok(())
+}
