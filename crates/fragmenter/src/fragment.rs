@@ -66,6 +66,9 @@ pub struct Status {
     pub intact: Vec<u64>,
     /// Free blocks the target asked for that the memory taken could not hold, per order.
     pub missing: Vec<u64>,
+    /// Bytes the target asked to free that the memory taken could not hold: owned memory comes in
+    /// physical runs, and only whole aligned regions inside them can be cut.
+    pub missing_bytes: u64,
     /// For a profile target: the factor it was scaled by to fit this machine or budget.
     pub scale: f64,
     /// Held pages no longer at the frame they had when the cut was made (migrated by compaction).
@@ -185,6 +188,7 @@ impl Fragmenter {
             planned: cut.blocks.clone(),
             intact: vec![0; plan.nr_orders],
             missing: cut.missing_blocks.clone(),
+            missing_bytes: cut.missing_pages * PAGE_SIZE as u64,
             scale,
             moved_pages: 0,
             naive,
@@ -210,6 +214,11 @@ impl Fragmenter {
                 self.kept.iter().filter(|&&(i, pfn)| pfns.get(i).is_some_and(|&p| p != pfn)).count() as u64;
         }
         Ok(&self.status)
+    }
+
+    /// The frames of the pages kept in place (one or more in every region the cut opened).
+    pub fn kept_pfns(&self) -> impl Iterator<Item = u64> + '_ {
+        self.kept.iter().map(|&(_, pfn)| pfn)
     }
 
     pub fn status(&self) -> &Status {

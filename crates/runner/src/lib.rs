@@ -1,1 +1,42 @@
-//! The `fraglab` command: argument parsing, resolution into a plan, and the subcommands.
+//! The `fraglab` command: raw arguments ([`cli`]) are resolved into validated plans ([`resolve`])
+//! before anything touches the kernel, then handed to one module per subcommand ([`commands`]).
+
+pub mod cli;
+pub mod commands;
+pub mod resolve;
+pub mod units;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Exit status when the machine lacks something fraglab needs (a kernel feature, root).
+pub const EXIT_UNSUPPORTED: u8 = 125;
+
+pub fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    // Whatever a SIGKILLed fraglab left changed is put back before anything else happens.
+    match fraglab_fragmenter::instance::Instance::recover_if_stale(&cli.run_dir) {
+        Ok(restored) if !restored.is_empty() => {
+            eprintln!("fraglab: a previous fraglab died holding sysctls; restored from its journal:");
+            for r in restored {
+                eprintln!("  {r}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("fraglab: could not restore a previous fraglab's sysctls: {e:#}"),
+    }
+    let result = match cli.command {
+        cli::Command::Probe(args) => commands::probe::run(args),
+        cli::Command::Fragment(args) => commands::fragment::run(args, &cli.run_dir),
+        cli::Command::Status(args) => commands::fragment::status(args, &cli.run_dir),
+        cli::Command::Release => commands::fragment::release(&cli.run_dir),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("fraglab: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

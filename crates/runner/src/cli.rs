@@ -1,0 +1,99 @@
+//! Raw command-line arguments, exactly as typed (ripgrep's "low-level args"). Nothing here reads the
+//! kernel; [`crate::resolve`] turns these into validated plans.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "fraglab", version, about = "Reproduce high-order page-allocation failures on demand")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Runtime directory for the lock, sysctl journal, control socket and daemon log.
+    #[arg(long, global = true, default_value = fraglab_fragmenter::instance::RUN_DIR, hide = true)]
+    pub run_dir: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the kernel's memory state: free blocks per order, the `free` table, fragmentation indices,
+    /// compaction counters.
+    Probe(ProbeArgs),
+    /// Shape free memory into a target buddyinfo profile and hold it.
+    Fragment(FragmentArgs),
+    /// What a holding fragmenter is doing.
+    Status(StatusArgs),
+    /// Make a holding fragmenter give its memory back and restore every sysctl.
+    Release,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// Print one snapshot as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Sample repeatedly at this interval (e.g. 1s, 100ms) and write JSON lines.
+    #[arg(long, value_name = "INTERVAL")]
+    pub watch: Option<String>,
+    /// With --watch: stop after this long (default: until Ctrl-C).
+    #[arg(long, value_name = "DURATION")]
+    pub duration: Option<String>,
+    /// With --watch: write the JSON lines here instead of stdout.
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Monitors to sample, comma-separated (default: all this machine allows).
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub monitors: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PinArg {
+    Mlock,
+    None,
+}
+
+#[derive(Debug, Args)]
+pub struct FragmentArgs {
+    /// Leave no free block of this order or above.
+    #[arg(long, value_name = "ORDER", conflicts_with = "profile")]
+    pub max_free_order: Option<usize>,
+    /// With --max-free-order: how much memory stays free in smaller blocks (default: as much as the
+    /// shape allows, (2^k-1)/2^k of what is taken).
+    #[arg(long, value_name = "SIZE", requires = "max_free_order")]
+    pub free: Option<String>,
+    /// Reproduce a buddyinfo line (`Node 0, zone Normal 40773 37 34 29 0 ...`) or a kernel Mem-Info
+    /// line (`Normal: 512*4kB (UME) 97*8kB ... = 3016kB`).
+    #[arg(long, value_name = "LINE")]
+    pub profile: Option<String>,
+    /// Shape only this much memory (shared machines, tests); success is judged on the memory taken.
+    #[arg(long, value_name = "SIZE")]
+    pub budget: Option<String>,
+    /// How held pages resist compaction.
+    #[arg(long, value_enum, default_value = "mlock")]
+    pub pin: PinArg,
+    /// MemAvailable never taken (default: max(3 × min_free_kbytes, MemTotal/64, 64MiB)).
+    #[arg(long, value_name = "SIZE")]
+    pub reserve: Option<String>,
+    /// Also set vm.compaction_proactiveness = 0 while holding.
+    #[arg(long)]
+    pub no_proactive_compaction: bool,
+    /// Hold in the background until `fraglab release`.
+    #[arg(long)]
+    pub daemon: bool,
+    /// Resolve the target and print the plan; take nothing, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Internal: the background half of --daemon.
+    #[arg(long, hide = true)]
+    pub daemon_child: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[arg(long)]
+    pub json: bool,
+}

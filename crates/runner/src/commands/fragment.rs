@@ -1,0 +1,246 @@
+//! `fraglab fragment`, `fraglab status`, `fraglab release`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use fraglab_fragmenter::control::{self, Request};
+use fraglab_fragmenter::fragment::{Fragmenter, Progress};
+use fraglab_fragmenter::instance::Instance;
+use fraglab_fragmenter::sysctl::Journal;
+use fraglab_fragmenter::{Plan, Status, Target};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cli::{FragmentArgs, StatusArgs};
+use crate::resolve::{self, FragmentSpec, Machine};
+use crate::units::{format_size, order_size};
+
+/// The daemon child says this on stdout once it holds the target, followed by its status as JSON.
+const READY: &str = "FRAGLAB-HOLDING ";
+
+pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
+    let machine = Machine::read()?;
+    let plan = resolve::fragment(&FragmentSpec::from(&args), &machine, &|k| format!("--{}", k.replace('_', "-")))?;
+    if args.dry_run {
+        print_plan(&plan, &machine, args.json)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.daemon && !args.daemon_child {
+        return spawn_daemon(run_dir);
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let (instance, restored) = Instance::acquire(run_dir, &command)?;
+    for r in restored {
+        eprintln!("fraglab: restored {r} left by a fraglab that died");
+    }
+    let journal = Journal::create(run_dir)?;
+    let listener = control::listen(run_dir)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))?;
+    }
+
+    let bar = ProgressBar::new(plan.budget.unwrap_or(machine.mem_available));
+    bar.set_style(ProgressStyle::with_template("{msg:12} [{bar:40}] {binary_bytes}/{binary_total_bytes} {elapsed}")?);
+    let mut fragmenter = Fragmenter::start(plan, journal, &mut |p| match p {
+        Progress::Populating { done, total } => {
+            bar.set_length(total);
+            bar.set_position(done);
+            bar.set_message("populating");
+        }
+        Progress::Cutting => bar.set_message("cutting"),
+        Progress::Freeing { .. } => bar.set_message("freeing"),
+        Progress::Settling => bar.set_message("settling"),
+    })?;
+    bar.finish_and_clear();
+
+    if args.daemon_child {
+        // Tell the foreground half we hold, then cut loose from its terminal.
+        println!("{READY}{}", serde_json::to_string(fragmenter.status())?);
+        std::io::stdout().flush()?;
+        detach(run_dir)?;
+    } else {
+        report(fragmenter.status(), args.json)?;
+        eprintln!("holding; Ctrl-C (or `fraglab release`) gives it back, `fraglab status` shows it");
+    }
+
+    // The hold: answer the socket, guard against memory pressure, stop on release or a signal.
+    while !stop.load(Ordering::Relaxed) {
+        let release = control::serve_pending(&listener, |req| match req {
+            Request::Status => match fragmenter.refresh() {
+                Ok(s) => serde_json::json!({ "ok": true, "status": s }),
+                Err(e) => serde_json::json!({ "ok": false, "error": format!("{e:#}") }),
+            },
+            Request::Release => serde_json::json!({ "ok": true, "released": true }),
+        });
+        if release {
+            break;
+        }
+        if let Some(event) = fragmenter.guard()? {
+            eprintln!("fraglab: {event}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let restored = fragmenter.release()?;
+    drop(listener);
+    let _ = std::fs::remove_file(run_dir.join(control::SOCKET));
+    drop(instance);
+    eprintln!("released; restored {}", restored.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", "));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Run this same command again in the background and wait until it holds (or fails).
+fn spawn_daemon(run_dir: &Path) -> Result<ExitCode> {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    args.push("--daemon-child".into());
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::piped());
+    // SAFETY: setsid is async-signal-safe; the child leaves our session so a closing terminal
+    // does not SIGHUP it.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd.spawn().context("cannot start the background fragmenter")?;
+    let stdout = child.stdout.take().expect("piped");
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        if let Some(json) = line.strip_prefix(READY) {
+            let status: Status = serde_json::from_str(json)?;
+            report(&status, false)?;
+            eprintln!(
+                "holding in the background (pid {}); `fraglab status`, `fraglab release`; log: {}",
+                child.id(),
+                run_dir.join("fraglab.log").display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    let code = child.wait()?;
+    bail!("the background fragmenter stopped before holding ({code})");
+}
+
+/// Point stdout and stderr at the log so the daemon outlives the terminal.
+fn detach(run_dir: &Path) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.join("fraglab.log"))?;
+    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+        // SAFETY: dup2 onto the standard descriptors; the log file stays open.
+        if unsafe { libc::dup2(log.as_raw_fd(), fd) } < 0 {
+            return Err(std::io::Error::last_os_error()).context("dup2 to the log");
+        }
+    }
+    Ok(())
+}
+
+pub fn status(args: StatusArgs, run_dir: &Path) -> Result<ExitCode> {
+    let reply = control::call(run_dir, &Request::Status)?;
+    let status: Status = serde_json::from_value(reply["status"].clone())?;
+    report(&status, args.json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn release(run_dir: &Path) -> Result<ExitCode> {
+    control::call(run_dir, &Request::Release)?;
+    // The holder releases after replying; wait for its lock so the caller can rely on it.
+    for _ in 0..300 {
+        if Instance::acquire(run_dir, "release").is_ok() {
+            eprintln!("released");
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("the fragmenter acknowledged the release but still holds its lock after 30 s")
+}
+
+fn describe(target: &Target) -> String {
+    match target {
+        Target::MaxFreeOrder { order, free_bytes } => {
+            format!("no free block of order ≥ {order} ({}), {} free below it", order_size(*order), format_size(*free_bytes))
+        }
+        Target::Profile { zone, free } => {
+            format!("profile {}{:?}", zone.as_ref().map(|z| format!("{z} ")).unwrap_or_default(), free)
+        }
+    }
+}
+
+fn print_plan(plan: &Plan, machine: &Machine, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(plan)?);
+        return Ok(());
+    }
+    println!("target:   {}", describe(&plan.target));
+    match plan.budget {
+        Some(b) => println!("take:     {} (budget)", format_size(b)),
+        None => println!(
+            "take:     all free memory above the reserve, about {}",
+            format_size(machine.mem_available.saturating_sub(plan.reserve))
+        ),
+    }
+    println!("pin:      {:?}", plan.pin);
+    println!("reserve:  {} of MemAvailable never taken; below {} while holding, memory is given back", format_size(plan.reserve), format_size(plan.floor));
+    let mut sysctls = vec!["vm.percpu_pagelist_high_fraction"];
+    if plan.pin == fraglab_fragmenter::Pin::Mlock {
+        sysctls.push("vm.compact_unevictable_allowed = 0");
+    }
+    if plan.no_proactive_compaction {
+        sysctls.push("vm.compaction_proactiveness = 0");
+    }
+    println!("sysctls:  {} (journaled, restored on release)", sysctls.join(", "));
+    println!("dry run: nothing taken, nothing changed");
+    Ok(())
+}
+
+/// The human (or JSON) account of a hold.
+pub fn report(s: &Status, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(s)?);
+        return Ok(());
+    }
+    println!("fraglab pid {}: {}", s.pid, describe(&s.target));
+    println!(
+        "  holding {}, freed {} in planned blocks; pin {:?}{}",
+        format_size(s.held_bytes),
+        format_size(s.freed_bytes),
+        s.pin,
+        s.budget.map(|b| format!(", budget {}", format_size(b))).unwrap_or_default()
+    );
+    if s.naive {
+        println!("  PFNs hidden (not root?): freed every other page, the naive pattern; no order is guaranteed");
+    }
+    println!("  {:>6} {:>10} {:>10} {:>10}", "order", "planned", "intact", "missing");
+    for o in 0..s.planned.len() {
+        if s.planned[o] + s.missing[o] > 0 {
+            println!("  {:>6} {:>10} {:>10} {:>10}", format!("{o} {}", order_size(o)), s.planned[o], s.intact[o], s.missing[o]);
+        }
+    }
+    if s.missing_bytes > 0 {
+        println!(
+            "  {} of the target could not be cut: the memory taken is not all in whole aligned regions",
+            format_size(s.missing_bytes)
+        );
+    }
+    if s.scale < 1.0 {
+        println!("  profile scaled by {:.4} to fit the memory taken", s.scale);
+    }
+    println!("  held pages moved since the cut: {}", s.moved_pages);
+    for z in &s.buddyinfo_now.zones {
+        println!("  buddyinfo {:<22} {}", z.label(), z.free.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" "));
+    }
+    for e in &s.sysctls {
+        println!("  sysctl {} = {} (was {}, restored on release)", e.name, e.set_to, e.original);
+    }
+    for e in &s.events {
+        println!("  event: {e}");
+    }
+    if let Some(lost) = &s.target_lost {
+        println!("  TARGET LOST: {lost}");
+    }
+    Ok(())
+}

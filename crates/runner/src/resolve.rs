@@ -1,0 +1,168 @@
+//! Parse, then resolve: raw flags (and later config tables) become one validated plan before
+//! anything touches the kernel. Every check that can refuse bad input happens here, so a refused
+//! command has taken no memory and changed no sysctl. Reading /proc to learn the machine's limits
+//! is allowed; writing anything is not.
+
+use anyhow::{bail, Result};
+use fraglab_fragmenter::fragment::{self, max_freeable, Pin, Plan};
+use fraglab_fragmenter::target::{parse_profile, Target};
+use fraglab_probe::buddyinfo::BuddyInfo;
+use serde::Deserialize;
+
+use crate::cli::{FragmentArgs, PinArg};
+use crate::units::{format_size, parse_size};
+
+/// The fragmenter's target as written by a user: the `fraglab fragment` flags or a config's
+/// `[fragment]` table. Strings are kept as typed so errors can quote them.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FragmentSpec {
+    pub max_free_order: Option<usize>,
+    pub free: Option<String>,
+    pub profile: Option<String>,
+    pub budget: Option<String>,
+    pub pin: Option<String>,
+    pub reserve: Option<String>,
+    #[serde(default)]
+    pub no_proactive_compaction: bool,
+}
+
+impl From<&FragmentArgs> for FragmentSpec {
+    fn from(a: &FragmentArgs) -> Self {
+        FragmentSpec {
+            max_free_order: a.max_free_order,
+            free: a.free.clone(),
+            profile: a.profile.clone(),
+            budget: a.budget.clone(),
+            pin: Some(match a.pin {
+                PinArg::Mlock => "mlock".into(),
+                PinArg::None => "none".into(),
+            }),
+            reserve: a.reserve.clone(),
+            no_proactive_compaction: a.no_proactive_compaction,
+        }
+    }
+}
+
+/// What the machine allows, read once so every check uses the same numbers.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    pub nr_orders: usize,
+    pub mem_available: u64,
+    pub min_free: u64,
+    pub default_reserve: u64,
+    pub root: bool,
+}
+
+impl Machine {
+    pub fn read() -> Result<Self> {
+        let buddy = BuddyInfo::read()?;
+        Ok(Machine {
+            nr_orders: buddy.nr_orders(),
+            mem_available: fragment::mem_available()?,
+            min_free: fraglab_fragmenter::sysctl::read("vm.min_free_kbytes")?.parse::<u64>()? * 1024,
+            default_reserve: fragment::default_reserve()?,
+            root: nix::unistd::geteuid().is_root(),
+        })
+    }
+}
+
+/// Resolve a fragment spec against this machine. `key` renders a key for error messages: `--budget`
+/// on the command line, `[fragment] budget` in a config.
+pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) -> Result<Plan> {
+    let size = |name: &str, v: &Option<String>| -> Result<Option<u64>> {
+        v.as_deref().map(|t| parse_size(t).map_err(|e| anyhow::anyhow!("{}: {e}", key(name)))).transpose()
+    };
+    if !m.root {
+        bail!(
+            "fraglab fragment needs root: it reads physical frame numbers from /proc/self/pagemap, \
+             mlocks memory and changes vm sysctls (run it with sudo)"
+        );
+    }
+    let budget = size("budget", &spec.budget)?;
+    let reserve = size("reserve", &spec.reserve)?.unwrap_or(m.default_reserve);
+    if reserve < m.min_free {
+        bail!(
+            "{} = {}: below vm.min_free_kbytes ({}); the kernel would start reclaiming and the OOM \
+             killer could act — give at least {}",
+            key("reserve"),
+            format_size(reserve),
+            format_size(m.min_free),
+            format_size(m.min_free)
+        );
+    }
+    let takeable = m.mem_available.saturating_sub(reserve);
+    if let Some(b) = budget {
+        if b < (1 << 20) {
+            bail!("{} = {}: too small to shape; give at least 1MiB", key("budget"), format_size(b));
+        }
+        if b > takeable {
+            bail!(
+                "{} = {}: more than this machine can give (MemAvailable {} − reserve {} = {}); lower it",
+                key("budget"),
+                format_size(b),
+                format_size(m.mem_available),
+                format_size(reserve),
+                format_size(takeable)
+            );
+        }
+    }
+    let taken = budget.unwrap_or(takeable);
+    let pin = match spec.pin.as_deref().unwrap_or("mlock") {
+        "mlock" => Pin::Mlock,
+        "none" => Pin::None,
+        other => bail!("{} = {other:?}: must be \"mlock\" or \"none\"", key("pin")),
+    };
+    let target = match (spec.max_free_order, &spec.profile) {
+        (Some(_), Some(_)) => {
+            bail!("{} and {} both given: choose one target", key("max_free_order"), key("profile"))
+        }
+        (None, None) => bail!("no target: give {} or {}", key("max_free_order"), key("profile")),
+        (Some(order), None) => {
+            fragment::check_order(order, m.nr_orders).map_err(|e| anyhow::anyhow!("{}: {e}", key("max_free_order")))?;
+            let most = max_freeable(taken / 4096, order) * 4096;
+            let free_bytes = match size("free", &spec.free)? {
+                Some(f) if f > most => bail!(
+                    "{} = {}: at most {} of {} taken can be free with no block of order ≥ {order} \
+                     (one page of every 2^{order} is kept); lower it or raise the budget",
+                    key("free"),
+                    format_size(f),
+                    format_size(most),
+                    format_size(taken)
+                ),
+                Some(f) => f,
+                None => most,
+            };
+            Target::MaxFreeOrder { order, free_bytes }
+        }
+        (None, Some(line)) => {
+            if spec.free.is_some() {
+                bail!("{} applies to max_free_order targets; a profile says its own sizes", key("free"));
+            }
+            let (zone, mut free) =
+                parse_profile(line).map_err(|e| anyhow::anyhow!("{} {line:?}: {e}", key("profile")))?;
+            if free.len() > m.nr_orders {
+                if free[m.nr_orders..].iter().any(|&n| n > 0) {
+                    bail!(
+                        "{}: the line has free blocks of order {} but this kernel's largest order is {}",
+                        key("profile"),
+                        free.len() - 1,
+                        m.nr_orders - 1
+                    );
+                }
+                free.truncate(m.nr_orders);
+            }
+            free.resize(m.nr_orders, 0);
+            Target::Profile { zone, free }
+        }
+    };
+    Ok(Plan {
+        target,
+        budget,
+        pin,
+        reserve,
+        floor: m.min_free * 2,
+        no_proactive_compaction: spec.no_proactive_compaction,
+        nr_orders: m.nr_orders,
+    })
+}
