@@ -50,6 +50,10 @@ pub fn serve_pending(listener: &UnixListener, mut answer: impl FnMut(&Request) -
         };
         let mut s = &stream;
         let _ = writeln!(s, "{reply}");
+        // Unread input at close makes the kernel reset the connection and the client lose the reply:
+        // stop sending, then swallow what is left (bounded, under the read timeout).
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let _ = std::io::copy(&mut (&stream).take(1 << 20), &mut std::io::sink());
     }
     release
 }

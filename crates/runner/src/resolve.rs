@@ -119,7 +119,8 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         }
         (None, None) => bail!("no target: give {} or {}", key("max_free_order"), key("profile")),
         (Some(order), None) => {
-            fragment::check_order(order, m.nr_orders).map_err(|e| anyhow::anyhow!("{}: {e}", key("max_free_order")))?;
+            fragment::check_order(order, m.nr_orders)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", key("max_free_order")))?;
             let most = max_freeable(taken / 4096, order) * 4096;
             let free_bytes = match size("free", &spec.free)? {
                 Some(f) if f > most => bail!(

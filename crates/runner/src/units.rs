@@ -6,7 +6,8 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let num: f64 = num.parse().map_err(|_| format!("{text:?} is not a size: write e.g. 512MiB, 4GiB, 1048576"))?;
+    let num: f64 =
+        num.parse().map_err(|_| format!("{text:?} is not a size: write e.g. 512MiB, 4GiB, 1048576"))?;
     let shift = match unit.trim() {
         "" | "B" => 0,
         "K" | "KiB" | "k" | "kiB" => 10,
@@ -56,7 +57,8 @@ pub fn order_size(order: usize) -> String {
 
 /// Parse a duration: `10s`, `500ms`, `2m`, `1h 30m`.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(text.trim()).map_err(|e| format!("{text:?} is not a duration ({e}); write e.g. 1s, 500ms, 2m"))
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{text:?} is not a duration ({e}); write e.g. 1s, 500ms, 2m"))
 }
 
 #[cfg(test)]

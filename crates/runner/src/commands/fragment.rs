@@ -25,7 +25,8 @@ const READY: &str = "FRAGLAB-HOLDING ";
 
 pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
     let machine = Machine::read()?;
-    let plan = resolve::fragment(&FragmentSpec::from(&args), &machine, &|k| format!("--{}", k.replace('_', "-")))?;
+    let plan =
+        resolve::fragment(&FragmentSpec::from(&args), &machine, &|k| format!("--{}", k.replace('_', "-")))?;
     if args.dry_run {
         print_plan(&plan, &machine, args.json)?;
         return Ok(ExitCode::SUCCESS);
@@ -46,7 +47,9 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
     }
 
     let bar = ProgressBar::new(plan.budget.unwrap_or(machine.mem_available));
-    bar.set_style(ProgressStyle::with_template("{msg:12} [{bar:40}] {binary_bytes}/{binary_total_bytes} {elapsed}")?);
+    bar.set_style(ProgressStyle::with_template(
+        "{msg:12} [{bar:40}] {binary_bytes}/{binary_total_bytes} {elapsed}",
+    )?);
     let mut fragmenter = Fragmenter::start(plan, journal, &mut |p| match p {
         Progress::Populating { done, total } => {
             bar.set_length(total);
@@ -103,9 +106,7 @@ fn spawn_daemon(run_dir: &Path) -> Result<ExitCode> {
     // SAFETY: setsid is async-signal-safe; the child leaves our session so a closing terminal
     // does not SIGHUP it.
     unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from)
-        });
+        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
     }
     let mut child = cmd.spawn().context("cannot start the background fragmenter")?;
     let stdout = child.stdout.take().expect("piped");
@@ -162,7 +163,11 @@ pub fn release(run_dir: &Path) -> Result<ExitCode> {
 fn describe(target: &Target) -> String {
     match target {
         Target::MaxFreeOrder { order, free_bytes } => {
-            format!("no free block of order ≥ {order} ({}), {} free below it", order_size(*order), format_size(*free_bytes))
+            format!(
+                "no free block of order ≥ {order} ({}), {} free below it",
+                order_size(*order),
+                format_size(*free_bytes)
+            )
         }
         Target::Profile { zone, free } => {
             format!("profile {}{:?}", zone.as_ref().map(|z| format!("{z} ")).unwrap_or_default(), free)
@@ -184,7 +189,11 @@ fn print_plan(plan: &Plan, machine: &Machine, json: bool) -> Result<()> {
         ),
     }
     println!("pin:      {:?}", plan.pin);
-    println!("reserve:  {} of MemAvailable never taken; below {} while holding, memory is given back", format_size(plan.reserve), format_size(plan.floor));
+    println!(
+        "reserve:  {} of MemAvailable never taken; below {} while holding, memory is given back",
+        format_size(plan.reserve),
+        format_size(plan.floor)
+    );
     let mut sysctls = vec!["vm.percpu_pagelist_high_fraction"];
     if plan.pin == fraglab_fragmenter::Pin::Mlock {
         sysctls.push("vm.compact_unevictable_allowed = 0");
@@ -212,12 +221,20 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
         s.budget.map(|b| format!(", budget {}", format_size(b))).unwrap_or_default()
     );
     if s.naive {
-        println!("  PFNs hidden (not root?): freed every other page, the naive pattern; no order is guaranteed");
+        println!(
+            "  PFNs hidden (not root?): freed every other page, the naive pattern; no order is guaranteed"
+        );
     }
     println!("  {:>6} {:>10} {:>10} {:>10}", "order", "planned", "intact", "missing");
     for o in 0..s.planned.len() {
         if s.planned[o] + s.missing[o] > 0 {
-            println!("  {:>6} {:>10} {:>10} {:>10}", format!("{o} {}", order_size(o)), s.planned[o], s.intact[o], s.missing[o]);
+            println!(
+                "  {:>6} {:>10} {:>10} {:>10}",
+                format!("{o} {}", order_size(o)),
+                s.planned[o],
+                s.intact[o],
+                s.missing[o]
+            );
         }
     }
     if s.missing_bytes > 0 {
@@ -231,7 +248,11 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
     }
     println!("  held pages moved since the cut: {}", s.moved_pages);
     for z in &s.buddyinfo_now.zones {
-        println!("  buddyinfo {:<22} {}", z.label(), z.free.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" "));
+        println!(
+            "  buddyinfo {:<22} {}",
+            z.label(),
+            z.free.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ")
+        );
     }
     for e in &s.sysctls {
         println!("  sysctl {} = {} (was {}, restored on release)", e.name, e.set_to, e.original);

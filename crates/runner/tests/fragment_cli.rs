@@ -1,0 +1,158 @@
+//! `fraglab fragment`, `status` and `release` as a user runs them, on real memory (256 MiB budgets).
+//! Each test uses its own run directory, and they run one at a time: sysctls are machine-wide.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+
+fn run_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fraglab-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn fraglab(dir: &Path, args: &[&str]) -> Output {
+    Command::new(FRAGLAB).arg("--run-dir").arg(dir).args(args).output().unwrap()
+}
+
+fn sysctl(name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/vm/{name}")).unwrap().trim().to_string()
+}
+
+/// A foreground fragmenter; if a test fails while it holds, SIGTERM makes it release and restore.
+struct Held(Child);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0.id() as i32),
+                nix::sys::signal::SIGTERM,
+            );
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Start a foreground fragmenter and wait until it answers on its socket.
+fn hold(dir: &Path, budget: &str) -> Held {
+    let child = Command::new(FRAGLAB)
+        .arg("--run-dir")
+        .arg(dir)
+        .args(["fragment", "--max-free-order", "4", "--budget", budget])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = Held(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !fraglab(dir, &["status"]).status.success() {
+        assert!(child.0.try_wait().unwrap().is_none(), "fragmenter exited before holding");
+        assert!(Instant::now() < deadline, "fragmenter did not start holding within 60 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    child
+}
+
+#[test]
+fn sigkill_mid_hold_is_repaired_by_the_next_command() {
+    let _s = SERIAL.lock().unwrap();
+    let dir = run_dir("kill");
+    let before = (sysctl("compact_unevictable_allowed"), sysctl("percpu_pagelist_high_fraction"));
+    let mut child = hold(&dir, "256MiB");
+    assert_eq!(sysctl("compact_unevictable_allowed"), "0");
+    child.0.kill().unwrap(); // SIGKILL: no handler runs
+    child.0.wait().unwrap();
+    assert_eq!(sysctl("compact_unevictable_allowed"), "0", "nothing restored yet: the journal must do it");
+
+    let out = fraglab(&dir, &["status"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("restored from its journal"), "{stderr}");
+    assert!(stderr.contains("vm.compact_unevictable_allowed = 1"), "{stderr}");
+    assert_eq!((sysctl("compact_unevictable_allowed"), sysctl("percpu_pagelist_high_fraction")), before);
+
+    // The dead daemon's socket file must not block a new fragmenter.
+    let mut again = hold(&dir, "128MiB");
+    assert!(fraglab(&dir, &["release"]).status.success());
+    assert!(again.0.wait().unwrap().success());
+    assert_eq!((sysctl("compact_unevictable_allowed"), sysctl("percpu_pagelist_high_fraction")), before);
+}
+
+#[test]
+fn second_fragmenter_refuses_naming_the_first_and_socket_survives_garbage() {
+    let _s = SERIAL.lock().unwrap();
+    let dir = run_dir("two");
+    let mut first = hold(&dir, "256MiB");
+    let out = fraglab(&dir, &["fragment", "--max-free-order", "4", "--budget", "64MiB"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("pid {}", first.0.id())), "{stderr}");
+
+    // Malformed and oversized requests get an error reply; the holder keeps serving.
+    for req in ["hello\n".to_string(), "{\"cmd\":\"explode\"}\n".into(), format!("{}\n", "x".repeat(10_000))]
+    {
+        let mut s = UnixStream::connect(dir.join("fraglab.sock")).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut reply = String::new();
+        std::io::Read::read_to_string(&mut s, &mut reply).unwrap();
+        assert!(reply.contains("\"ok\":false"), "{reply}");
+    }
+    let meta = std::fs::metadata(dir.join("fraglab.sock")).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o600);
+    assert!(fraglab(&dir, &["status"]).status.success());
+    assert!(fraglab(&dir, &["release"]).status.success());
+    assert!(first.0.wait().unwrap().success());
+}
+
+#[test]
+fn daemon_holds_until_release() {
+    let _s = SERIAL.lock().unwrap();
+    let dir = run_dir("daemon");
+    let out = fraglab(&dir, &["fragment", "--max-free-order", "3", "--budget", "256MiB", "--daemon"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no free block of order ≥ 3"));
+    let status = fraglab(&dir, &["status", "--json"]);
+    let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(s["planned"][0].as_u64().unwrap() > 1000, "{s}");
+    assert_eq!(s["planned"][3], 0);
+    assert!(fraglab(&dir, &["release"]).status.success());
+    assert!(!fraglab(&dir, &["status"]).status.success(), "still holding after release");
+    assert_eq!(sysctl("compact_unevictable_allowed"), "1");
+}
+
+#[test]
+fn bad_input_is_refused_with_no_side_effect() {
+    let _s = SERIAL.lock().unwrap();
+    let dir = run_dir("bad");
+    let before = (sysctl("compact_unevictable_allowed"), sysctl("percpu_pagelist_high_fraction"));
+    let cases: &[(&[&str], &str)] = &[
+        (&["--max-free-order", "11"], "largest order is 10"),
+        (&["--max-free-order", "4", "--budget", "100TiB"], "more than this machine can give"),
+        (&["--max-free-order", "4", "--budget", "1GB"], "binary units"),
+        (&["--max-free-order", "4", "--budget", "64MiB", "--free", "1GiB"], "--free"),
+        (&["--profile", "Node 0, zone Normal 1 2 x"], "--profile"),
+        (&["--profile", "Normal: 1*4kB 1*8kB = 16kB"], "add up to 12kB"),
+        (&["--max-free-order", "4", "--reserve", "1MiB"], "min_free_kbytes"),
+    ];
+    for (args, want) in cases {
+        let mut all = vec!["fragment"];
+        all.extend_from_slice(args);
+        let out = fraglab(&dir, &all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!dir.join("lock").exists(), "{args:?} took the instance lock");
+    }
+    let dry = fraglab(&dir, &["fragment", "--max-free-order", "4", "--budget", "1GiB", "--dry-run"]);
+    assert!(dry.status.success());
+    assert!(String::from_utf8_lossy(&dry.stdout).contains("nothing taken"));
+    assert_eq!((sysctl("compact_unevictable_allowed"), sysctl("percpu_pagelist_high_fraction")), before);
+    assert!(!dir.exists(), "a refused or dry-run command created {}", dir.display());
+}
