@@ -263,7 +263,7 @@ fn kept_pages(pfns: &[u64], cut: &Cut) -> Vec<(usize, u64)> {
         while runs.peek().is_some_and(|&&(_, end)| end <= i) {
             runs.next();
         }
-        if !runs.peek().is_some_and(|&&(start, _)| start <= i) {
+        if runs.peek().is_none_or(|&&(start, _)| start > i) {
             kept.push((i, pfn));
         }
     }

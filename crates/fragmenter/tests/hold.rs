@@ -155,8 +155,8 @@ fn seed_profile_is_reproduced_in_the_budget() {
     println!("planned {:?} intact {:?} missing {:?} scale {}", s.planned, s.intact, s.missing, s.scale);
     // 40773 order-0 blocks need 2 pages each: 512 MiB holds the profile unscaled.
     assert_eq!(s.scale, 1.0);
-    for o in 0..free.len() {
-        assert_eq!(s.planned[o] + s.missing[o], free[o], "order {o}");
+    for (o, &want) in free.iter().enumerate() {
+        assert_eq!(s.planned[o] + s.missing[o], want, "order {o}");
         assert!(
             s.intact[o] * 10 >= s.planned[o] * 9,
             "order {o}: {} of {} intact",

@@ -10,6 +10,7 @@ pub mod extfrag;
 pub mod meminfo;
 pub mod pagetypeinfo;
 pub mod slabinfo;
+pub mod snapshot;
 pub mod sockstat;
 pub mod vmstat;
 

@@ -1,13 +1,202 @@
-//! `fraglab probe`.
+//! `fraglab probe`: one human or JSON snapshot, or a JSON-lines time series.
 
+use std::collections::BTreeSet;
+use std::io::Write;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use fraglab_probe::extfrag::{format_fragmentation_index, format_unusable_index};
+use fraglab_probe::meminfo::FreeTable;
+use fraglab_probe::snapshot::{Monitor, Sampler, Snapshot};
 
 use crate::cli::ProbeArgs;
+use crate::units::{format_size, order_size, parse_duration};
 
-pub fn run(_args: ProbeArgs) -> Result<ExitCode> {
-    let b = fraglab_probe::buddyinfo::BuddyInfo::read()?;
-    println!("{}", serde_json::to_string_pretty(&b)?);
+pub fn run(args: ProbeArgs) -> Result<ExitCode> {
+    // Resolve before sampling: a bad interval or monitor name is refused before any file is opened.
+    let interval =
+        args.watch.as_deref().map(parse_duration).transpose().map_err(|e| anyhow::anyhow!("--watch: {e}"))?;
+    let duration = args
+        .duration
+        .as_deref()
+        .map(parse_duration)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--duration: {e}"))?;
+    if interval.is_some_and(|i| i.is_zero()) {
+        anyhow::bail!("--watch: the interval must be above zero");
+    }
+    if interval.is_none() && (duration.is_some() || args.output.is_some()) {
+        anyhow::bail!("--duration and --output go with --watch INTERVAL");
+    }
+    let (available, skipped) = Monitor::available();
+    let monitors: BTreeSet<Monitor> = if args.monitors.is_empty() {
+        for s in &skipped {
+            eprintln!("fraglab probe: skipping {s}");
+        }
+        available
+    } else {
+        let wanted = args
+            .monitors
+            .iter()
+            .map(|m| Monitor::parse(m))
+            .collect::<Result<BTreeSet<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("--monitors: {e}"))?;
+        if let Some(m) = wanted.iter().find(|m| !available.contains(m)) {
+            anyhow::bail!("--monitors: cannot read {} for {} (root only?)", m.path(), m.name());
+        }
+        wanted
+    };
+
+    let Some(interval) = interval else {
+        let snap = Snapshot::take(&monitors)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&snap)?);
+        } else {
+            print!("{}", human(&snap));
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+
+    let mut out: Box<dyn Write> = match &args.output {
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        )),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
+    let mut sampler = Sampler::new(monitors);
+    let start = Instant::now();
+    let mut next = start;
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) && duration.is_none_or(|d| start.elapsed() < d) {
+        let sample = sampler.sample()?;
+        serde_json::to_writer(&mut out, &sample)?;
+        out.write_all(b"\n")?;
+        out.flush()?;
+        n += 1;
+        // Fixed-rate schedule: a slow sample delays one tick, not every tick after it.
+        next += interval;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait.min(Duration::from_secs(3600)));
+        } else {
+            next = Instant::now();
+        }
+    }
+    if let Some(p) = &args.output {
+        eprintln!(
+            "fraglab probe: {n} samples in {:.1} s written to {}",
+            start.elapsed().as_secs_f64(),
+            p.display()
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The snapshot as a kernel engineer reads it: buddyinfo with block sizes, `free`, indices, counters.
+pub fn human(s: &Snapshot) -> String {
+    let mut o = String::new();
+    let line = |o: &mut String, t: String| {
+        o.push_str(&t);
+        o.push('\n');
+    };
+    line(&mut o, format!("fraglab probe at {}", s.wall));
+    if let Some(b) = &s.buddyinfo {
+        let n = b.nr_orders();
+        line(&mut o, "\nFree blocks per order (/proc/buddyinfo)".into());
+        let head: String = (0..n).map(|i| format!("{:>7}", order_size(i))).collect();
+        line(&mut o, format!("{:<22}{head}{:>12}", "order:", "free"));
+        for z in &b.zones {
+            let cells: String = z.free.iter().map(|c| format!("{c:>7}")).collect();
+            line(&mut o, format!("{:<22}{cells}{:>12}", z.label(), format_size(z.free_pages() * 4096)));
+        }
+    }
+    if let Some(f) = &s.free {
+        line(&mut o, "\nfree (KiB, as procps free computes it)".into());
+        o.push_str(&FreeTable::format_rows(std::slice::from_ref(f)));
+        if !o.ends_with('\n') {
+            o.push('\n');
+        }
+    }
+    if let Some(idx) = &s.indices {
+        line(&mut o, "\nUnusable free space index (0: all free memory usable at this order; 1: none)".into());
+        for z in idx {
+            let cells: String =
+                z.unusable.iter().map(|&v| format!("{:>7}", format_unusable_index(v))).collect();
+            line(&mut o, format!("{:<22}{cells}", format!("Node {}, zone {}", z.node, z.zone)));
+        }
+        line(
+            &mut o,
+            "Fragmentation index (-1: would succeed; →1 fails from fragmentation; →0 from lack of memory)"
+                .into(),
+        );
+        for z in idx {
+            let cells: String =
+                z.extfrag.iter().map(|&v| format!("{:>7}", format_fragmentation_index(v).trim())).collect();
+            line(&mut o, format!("{:<22}{cells}", format!("Node {}, zone {}", z.node, z.zone)));
+        }
+    }
+    if let Some(p) = &s.pagetypeinfo {
+        line(
+            &mut o,
+            format!(
+                "\nPageblocks per migratetype (/proc/pagetypeinfo, pageblock order {})",
+                p.pageblock_order
+            ),
+        );
+        line(
+            &mut o,
+            format!("{:<22}{}", "", p.migratetypes.iter().map(|m| format!("{m:>12}")).collect::<String>()),
+        );
+        for z in &p.blocks {
+            let cells: String = z.blocks.iter().map(|c| format!("{c:>12}")).collect();
+            line(&mut o, format!("{:<22}{cells}", format!("Node {}, zone {}", z.node, z.zone)));
+        }
+    }
+    if let Some(v) = &s.vmstat {
+        line(&mut o, "\nCompaction and allocation counters (/proc/vmstat, since boot)".into());
+        for (name, value) in v.counters() {
+            line(&mut o, format!("  {name:<32}{value:>14}"));
+        }
+    }
+    if let Some(sock) = &s.sockstat {
+        let tcp = sock.v4.get("TCP", "inuse").unwrap_or(0);
+        let udp = sock.v4.get("UDP", "inuse").unwrap_or(0);
+        let mut t = format!(
+            "\nSockets: {} in use; TCP {tcp} (mem {} pages), UDP {udp} (mem {} pages)",
+            sock.sockets_used().unwrap_or(0),
+            sock.mem_pages("TCP").unwrap_or(0),
+            sock.mem_pages("UDP").unwrap_or(0)
+        );
+        match sock.sctp() {
+            Some((n, pages)) => t.push_str(&format!(", SCTP {n} (mem {} pages)", pages.unwrap_or(0))),
+            None => t.push_str(", SCTP not loaded"),
+        }
+        line(&mut o, t);
+    }
+    if let Some(slab) = &s.slabinfo {
+        let mut caches: Vec<_> = slab.caches.iter().collect();
+        caches.sort_by_key(|c| std::cmp::Reverse(c.bytes(4096)));
+        line(
+            &mut o,
+            format!("\nLargest slab caches (/proc/slabinfo, {} in all)", format_size(slab.total_bytes(4096))),
+        );
+        for c in caches.iter().take(5) {
+            line(
+                &mut o,
+                format!(
+                    "  {:<28}{:>10} active / {:>10} objs  {:>12}",
+                    c.name,
+                    c.active_objs,
+                    c.num_objs,
+                    format_size(c.bytes(4096))
+                ),
+            );
+        }
+    }
+    o
 }
