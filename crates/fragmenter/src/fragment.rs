@@ -8,6 +8,7 @@ use procfs::Current;
 use serde::{Deserialize, Serialize};
 
 use crate::arena::{Arena, PAGE_SIZE};
+use crate::pipefill::PipeFill;
 use crate::shape::{self, Cut};
 use crate::sysctl::{Entry, Journal};
 use crate::target::Target;
@@ -43,10 +44,20 @@ pub struct Plan {
 /// Where shaping stands, for a progress bar.
 #[derive(Clone, Debug)]
 pub enum Progress {
-    Populating { done: u64, total: u64 },
+    Populating {
+        done: u64,
+        total: u64,
+    },
     Cutting,
-    Freeing { pages: u64 },
+    Freeing {
+        pages: u64,
+    },
     Settling,
+    /// Whole-machine mode: breaking up the high-order blocks left in the untaken reserve.
+    Filling {
+        bytes: u64,
+        leftover_pages: u64,
+    },
 }
 
 /// What the fragmenter achieved, and what it is holding.
@@ -73,6 +84,11 @@ pub struct Status {
     pub scale: f64,
     /// Held pages no longer at the frame they had when the cut was made (migrated by compaction).
     pub moved_pages: u64,
+    /// Whole-machine mode: bytes of pipe pages written to break up the reserve's high-order blocks.
+    pub fill_bytes: u64,
+    /// Whole-machine max-free-order mode: free pages still in blocks of order ≥ k in the target
+    /// zones (every populated zone but DMA) when shaping ended; 0 means the target was reached.
+    pub leftover_pages: Option<u64>,
     /// True when PFNs were hidden (not root) and the naive every-other-page pattern was used.
     pub naive: bool,
     pub buddyinfo_before: BuddyInfo,
@@ -92,6 +108,7 @@ pub struct Fragmenter {
     journal: Journal,
     cut: Cut,
     kept: Vec<(usize, u64)>,
+    fill: PipeFill,
     status: Status,
 }
 
@@ -176,7 +193,14 @@ impl Fragmenter {
         let kept = kept_pages(&pfns, &cut);
 
         progress(Progress::Settling);
-        let buddyinfo_now = settle()?;
+        let mut buddyinfo_now = settle()?;
+        let mut fill = PipeFill::default();
+        let mut leftover_pages = None;
+        if let (None, Target::MaxFreeOrder { order, .. }) = (plan.budget, &plan.target) {
+            let (b, left) = fill_leftovers(&mut fill, *order, plan.floor, progress)?;
+            buddyinfo_now = b;
+            leftover_pages = Some(left);
+        }
         let status = Status {
             pid: std::process::id(),
             since: crate::instance::now_epoch(),
@@ -191,6 +215,8 @@ impl Fragmenter {
             missing_bytes: cut.missing_pages * PAGE_SIZE as u64,
             scale,
             moved_pages: 0,
+            fill_bytes: fill.bytes(),
+            leftover_pages,
             naive,
             buddyinfo_before,
             buddyinfo_populated,
@@ -199,7 +225,7 @@ impl Fragmenter {
             events: Vec::new(),
             target_lost: None,
         };
-        let mut f = Fragmenter { plan, arena, journal, cut, kept, status };
+        let mut f = Fragmenter { plan, arena, journal, cut, kept, fill, status };
         f.refresh()?;
         Ok(f)
     }
@@ -250,6 +276,7 @@ impl Fragmenter {
 
     /// Unmap everything and restore every sysctl.
     pub fn release(mut self) -> Result<Vec<crate::sysctl::Restored>> {
+        self.fill.release();
         self.arena.release();
         self.journal.restore()
     }
@@ -298,6 +325,44 @@ fn settle() -> Result<BuddyInfo> {
             return Ok(now);
         }
         last = now;
+    }
+}
+
+/// Free pages in blocks of order ≥ `k` in the zones a whole-machine target covers: all but DMA,
+/// which lowmem_reserve keeps out of reach of ordinary allocations anyway.
+pub fn leftover_pages(b: &BuddyInfo, k: usize) -> u64 {
+    b.zones.iter().filter(|z| z.zone != "DMA").map(|z| z.free_pages_at_or_above(k)).sum()
+}
+
+/// Break up the high-order blocks still free after the cut with pipe pages, in steps, until none is
+/// left (seen twice, a second apart, since freed pages drain from per-CPU lists late), the floor
+/// would be crossed, or 60 s pass. Returns the last buddyinfo and the leftover pages.
+fn fill_leftovers(
+    fill: &mut PipeFill,
+    k: usize,
+    floor: u64,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(BuddyInfo, u64)> {
+    const STEP: u64 = 16 << 20;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut clean_checks = 0;
+    loop {
+        let b = BuddyInfo::read()?;
+        let left = leftover_pages(&b, k);
+        progress(Progress::Filling { bytes: fill.bytes(), leftover_pages: left });
+        if left == 0 {
+            clean_checks += 1;
+            if clean_checks == 2 {
+                return Ok((b, 0));
+            }
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        }
+        clean_checks = 0;
+        if Instant::now() > deadline || mem_available()? < floor + 2 * STEP {
+            return Ok((b, left));
+        }
+        fill.fill(STEP.min(left * PAGE_SIZE as u64))?;
     }
 }
 

@@ -10,6 +10,7 @@ pub mod arena;
 pub mod control;
 pub mod fragment;
 pub mod instance;
+pub mod pipefill;
 pub mod shape;
 pub mod sysctl;
 pub mod target;

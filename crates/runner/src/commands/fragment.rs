@@ -59,6 +59,10 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
         Progress::Cutting => bar.set_message("cutting"),
         Progress::Freeing { .. } => bar.set_message("freeing"),
         Progress::Settling => bar.set_message("settling"),
+        Progress::Filling { bytes, leftover_pages } => {
+            bar.set_message(format!("filling ({} left at order ≥ k)", format_size(leftover_pages * 4096)));
+            bar.set_position(bytes);
+        }
     })?;
     bar.finish_and_clear();
 
@@ -247,6 +251,14 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
         println!("  profile scaled by {:.4} to fit the memory taken", s.scale);
     }
     println!("  held pages moved since the cut: {}", s.moved_pages);
+    if let Some(left) = s.leftover_pages {
+        println!(
+            "  whole machine: {} of pipe pages broke up the reserve's high-order blocks; {} still free at order ≥ k{}",
+            format_size(s.fill_bytes),
+            format_size(left * 4096),
+            if left == 0 { " (target reached)" } else { " — TARGET NOT REACHED" }
+        );
+    }
     for z in &s.buddyinfo_now.zones {
         println!(
             "  buddyinfo {:<22} {}",

@@ -1,0 +1,602 @@
+//! Benchmark, not a test (never run in CI): how long fraglab takes to reach a max-free-order target,
+//! side by side with the physical limit (populate only) and the naive every-other-page method.
+//!
+//! ```text
+//! sudo cargo run --release -p fraglab-fragmenter --example fragment_bench -- --sizes 4GiB,8GiB --repeat 3
+//! ```
+//!
+//! For each size and repetition, one after the other, each giving its memory back before the next:
+//! - `populate`: mmap anonymous + MADV_NOHUGEPAGE + MADV_POPULATE_WRITE ([`Arena::populate`], in the
+//!   fragmenter's 64 MiB chunks), then drop — the floor no shaping method can beat;
+//! - `fraglab`: [`Fragmenter::start`] with `Target::MaxFreeOrder { order: 4, free_bytes: size/16*15 }`,
+//!   budget = size, pin mlock; timed until `start` returns (settling included), split by the
+//!   [`Progress`] callbacks;
+//! - `naive`: populate the same way, then `madvise(MADV_DONTNEED)` on every other page, one call per
+//!   page (munmap per page would split the mapping into one VMA per page and stop at
+//!   vm.max_map_count), then the same settle wait as fraglab.
+//!
+//! Needs root (pagemap PFNs, mlock, sysctls). Sysctls go through a journal in a private run dir
+//! (default /tmp/fraglab-bench), so they are restored on exit, on Ctrl-C, and — after a SIGKILL — by
+//! the next run of this benchmark. Prints markdown tables on stdout, progress on stderr.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use fraglab_fragmenter::arena::{Arena, PAGE_SIZE};
+use fraglab_fragmenter::fragment::{max_freeable, mem_available, Fragmenter, Pin, Plan, Progress};
+use fraglab_fragmenter::instance::{Instance, RUN_DIR};
+use fraglab_fragmenter::shape;
+use fraglab_fragmenter::sysctl::{self, Journal};
+use fraglab_fragmenter::Target;
+use fraglab_probe::buddyinfo::BuddyInfo;
+use memmap2::{MmapMut, MmapOptions};
+
+/// Populate in the same steps as the fragmenter, checking MemAvailable before each.
+const CHUNK: usize = 64 << 20;
+
+const WATCHED: [&str; 3] =
+    ["vm.compact_unevictable_allowed", "vm.percpu_pagelist_high_fraction", "vm.compaction_proactiveness"];
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+const USAGE: &str = "usage: fragment_bench [--sizes 4GiB,8GiB] [--repeat 3] [--order 4] [--keep 4GiB] \
+                     [--run-dir /tmp/fraglab-bench] [--variants populate,fraglab,naive]";
+
+struct Args {
+    sizes: Vec<u64>,
+    repeat: usize,
+    order: usize,
+    /// MemAvailable that every variant leaves untouched.
+    keep: u64,
+    run_dir: PathBuf,
+    variants: Vec<Variant>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    Populate,
+    Fraglab,
+    Naive,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Populate => "populate only",
+            Variant::Fraglab => "fraglab",
+            Variant::Naive => "naive (every other page)",
+        }
+    }
+}
+
+fn parse_size(t: &str) -> Result<u64> {
+    let t = t.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().with_context(|| format!("{t:?} is not a size (write e.g. 512MiB, 4GiB)"))?;
+    let shift = match unit {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        _ => bail!("{t:?}: unknown unit {unit:?}; use B, KiB, MiB or GiB"),
+    };
+    Ok(n << shift)
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args {
+        sizes: vec![4 << 30, 8 << 30],
+        repeat: 3,
+        order: 4,
+        keep: 4 << 30,
+        run_dir: PathBuf::from("/tmp/fraglab-bench"),
+        variants: vec![Variant::Populate, Variant::Fraglab, Variant::Naive],
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        let value = it.next().with_context(|| format!("{flag} needs a value\n{USAGE}"))?;
+        match flag.as_str() {
+            "--sizes" => a.sizes = value.split(',').map(parse_size).collect::<Result<_>>()?,
+            "--repeat" => a.repeat = value.parse().context("--repeat")?,
+            "--order" => a.order = value.parse().context("--order")?,
+            "--keep" => a.keep = parse_size(&value)?,
+            "--run-dir" => a.run_dir = value.into(),
+            "--variants" => {
+                a.variants = value
+                    .split(',')
+                    .map(|v| match v {
+                        "populate" => Ok(Variant::Populate),
+                        "fraglab" => Ok(Variant::Fraglab),
+                        "naive" => Ok(Variant::Naive),
+                        _ => bail!("--variants: unknown {v:?}; use populate, fraglab, naive"),
+                    })
+                    .collect::<Result<_>>()?
+            }
+            _ => bail!("unknown flag {flag:?}\n{USAGE}"),
+        }
+    }
+    if a.repeat == 0 || a.sizes.is_empty() || a.sizes.iter().any(|&s| s < (16 << 20)) {
+        bail!("--repeat must be ≥ 1 and every size ≥ 16MiB\n{USAGE}");
+    }
+    Ok(a)
+}
+
+/// One measured run of one variant.
+struct Run {
+    variant: Variant,
+    size: u64,
+    taken: u64,
+    freed: u64,
+    /// Time to target: populate + shape + settle.
+    total: Duration,
+    populate: Duration,
+    cut: Option<Duration>,
+    free: Option<Duration>,
+    settle: Option<Duration>,
+    release: Duration,
+    before: Vec<u64>,
+    populated: Vec<u64>,
+    after: Vec<u64>,
+    /// fraglab: planned, intact, missing bytes, moved pages.
+    planned: Vec<u64>,
+    intact: Vec<u64>,
+    missing_bytes: u64,
+    /// naive: free blocks the freed pages form among themselves, from their PFNs.
+    model: Vec<u64>,
+}
+
+impl Run {
+    fn new(variant: Variant, size: u64, before: Vec<u64>) -> Self {
+        Run {
+            variant,
+            size,
+            taken: 0,
+            freed: 0,
+            total: Duration::ZERO,
+            populate: Duration::ZERO,
+            cut: None,
+            free: None,
+            settle: None,
+            release: Duration::ZERO,
+            populated: before.clone(),
+            after: before.clone(),
+            before,
+            planned: Vec::new(),
+            intact: Vec::new(),
+            missing_bytes: 0,
+            model: Vec::new(),
+        }
+    }
+
+    /// Free blocks per order gained by shaping (after − populated).
+    fn delta(&self) -> Vec<i64> {
+        self.after.iter().zip(&self.populated).map(|(&a, &p)| a as i64 - p as i64).collect()
+    }
+}
+
+/// Free blocks per order, summed over every zone.
+fn totals(b: &BuddyInfo) -> Vec<u64> {
+    let mut t = vec![0u64; b.nr_orders()];
+    for z in &b.zones {
+        for (o, n) in z.free.iter().enumerate() {
+            t[o] += n;
+        }
+    }
+    t
+}
+
+fn buddy() -> Result<Vec<u64>> {
+    Ok(totals(&BuddyInfo::read()?))
+}
+
+/// fraglab's own settle rule: buddyinfo stops changing for 200 ms, or 3 s pass.
+fn settle() -> Result<Vec<u64>> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut last = buddy()?;
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = buddy()?;
+        if now == last || Instant::now() > deadline {
+            return Ok(now);
+        }
+        last = now;
+    }
+}
+
+fn check_room(size: u64, keep: u64) -> Result<()> {
+    let avail = mem_available()?;
+    if avail < size + keep {
+        bail!(
+            "MemAvailable is {} MiB: {} MiB + the {} MiB kept free do not fit; lower --sizes",
+            avail >> 20,
+            size >> 20,
+            keep >> 20
+        );
+    }
+    Ok(())
+}
+
+/// Refuse to race a holding `fraglab`: the sysctls are global.
+fn check_no_fraglab_holding() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let Ok(f) = std::fs::File::open(PathBuf::from(RUN_DIR).join("lock")) else { return Ok(()) };
+    // SAFETY: flock on a descriptor we own; it is dropped (and the lock with it) at once.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!("a fraglab is holding memory ({RUN_DIR}/lock is locked): `fraglab release` it first");
+    }
+    Ok(())
+}
+
+fn populate_only(size: u64, keep: u64) -> Result<Run> {
+    let mut run = Run::new(Variant::Populate, size, buddy()?);
+    let t0 = Instant::now();
+    let mut arena = Arena::default();
+    while arena.bytes() < size {
+        let step = CHUNK.min((size - arena.bytes()) as usize);
+        if mem_available()? < keep + step as u64 {
+            bail!("MemAvailable fell to the --keep line while populating; stopped");
+        }
+        arena.populate(step)?;
+    }
+    run.populate = t0.elapsed();
+    run.total = run.populate;
+    run.taken = arena.bytes();
+    run.populated = buddy()?;
+    run.after = run.populated.clone();
+    let t = Instant::now();
+    drop(arena);
+    run.release = t.elapsed();
+    Ok(run)
+}
+
+fn fraglab(size: u64, args: &Args, nr_orders: usize) -> Result<Run> {
+    let min_free = sysctl::read("vm.min_free_kbytes")?.parse::<u64>()? * 1024;
+    // For order 4: size/16*15, the most a max-free-order cut can free (one page of every 16 kept).
+    let free_bytes = max_freeable(size / PAGE_SIZE as u64, args.order) * PAGE_SIZE as u64;
+    let plan = Plan {
+        target: Target::MaxFreeOrder { order: args.order, free_bytes },
+        budget: Some(size),
+        pin: Pin::Mlock,
+        reserve: args.keep,
+        floor: 2 * min_free,
+        no_proactive_compaction: false,
+        nr_orders,
+    };
+    let mut run = Run::new(Variant::Fraglab, size, buddy()?);
+    let journal = Journal::create(&args.run_dir)?;
+    let (mut cutting, mut freeing, mut settling) = (None, None, None);
+    let t0 = Instant::now();
+    let f = Fragmenter::start(plan, journal, &mut |p| match p {
+        Progress::Cutting => cutting = Some(Instant::now()),
+        Progress::Freeing { .. } => freeing = Some(Instant::now()),
+        Progress::Settling => settling = Some(Instant::now()),
+        _ => {}
+    })?;
+    let end = Instant::now();
+    let (cutting, freeing, settling) = (
+        cutting.context("no Cutting progress")?,
+        freeing.context("no Freeing progress")?,
+        settling.context("no Settling progress")?,
+    );
+    run.total = end - t0;
+    run.populate = cutting - t0;
+    run.cut = Some(freeing - cutting);
+    run.free = Some(settling - freeing);
+    run.settle = Some(end - settling);
+    let s = f.status();
+    run.taken = s.held_bytes + s.freed_bytes;
+    run.freed = s.freed_bytes;
+    run.populated = totals(&s.buddyinfo_populated);
+    run.after = totals(&s.buddyinfo_now);
+    run.planned = s.planned.clone();
+    run.intact = s.intact.clone();
+    run.missing_bytes = s.missing_bytes;
+    let t = Instant::now();
+    f.release()?;
+    run.release = t.elapsed();
+    Ok(run)
+}
+
+/// The method from the netdev seed: take memory, free every other page one call at a time.
+fn naive(size: u64, keep: u64, nr_orders: usize) -> Result<Run> {
+    let mut run = Run::new(Variant::Naive, size, buddy()?);
+    let t0 = Instant::now();
+    let mut maps: Vec<MmapMut> = Vec::new();
+    let mut taken = 0u64;
+    while taken < size {
+        let len = CHUNK.min((size - taken) as usize);
+        if mem_available()? < keep + len as u64 {
+            bail!("MemAvailable fell to the --keep line while populating; stopped");
+        }
+        let mut map = MmapOptions::new().len(len).map_anon()?;
+        map.advise(memmap2::Advice::NoHugePage)?;
+        // SAFETY: the range is exactly our fresh mapping.
+        if unsafe { libc::madvise(map.as_mut_ptr().cast(), len, libc::MADV_POPULATE_WRITE) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("madvise(MADV_POPULATE_WRITE)");
+        }
+        taken += len as u64;
+        maps.push(map);
+    }
+    run.populate = t0.elapsed();
+    run.taken = taken;
+
+    // Outside the timing: where the pages to be freed are, to model what they can merge into.
+    let me = procfs::process::Process::myself()?;
+    let mut pagemap = me.pagemap()?;
+    let mut freed_pfns = Vec::with_capacity((size / PAGE_SIZE as u64 / 2) as usize);
+    for m in &maps {
+        let first = m.as_ptr() as usize / PAGE_SIZE;
+        let infos = pagemap.get_range_info(first..first + m.len() / PAGE_SIZE)?;
+        for info in infos.into_iter().step_by(2) {
+            if let procfs::process::PageInfo::MemoryPage(f) = info {
+                freed_pfns.push(f.get_page_frame_number().0);
+            }
+        }
+    }
+    run.model = shape::buddy_blocks(&freed_pfns, nr_orders);
+    drop(freed_pfns);
+    run.populated = buddy()?;
+
+    let t = Instant::now();
+    let mut freed = 0u64;
+    for m in &mut maps {
+        let base = m.as_mut_ptr();
+        for off in (0..m.len()).step_by(2 * PAGE_SIZE) {
+            // SAFETY: one page of our own mapping; nothing reads it afterwards.
+            if unsafe { libc::madvise(base.add(off).cast(), PAGE_SIZE, libc::MADV_DONTNEED) } != 0 {
+                return Err(std::io::Error::last_os_error()).context("madvise(MADV_DONTNEED)");
+            }
+            freed += PAGE_SIZE as u64;
+        }
+    }
+    let freed_at = Instant::now();
+    run.free = Some(freed_at - t);
+    run.after = settle()?;
+    let end = Instant::now();
+    run.settle = Some(end - freed_at);
+    run.total = end - t0;
+    run.freed = freed;
+    let t = Instant::now();
+    drop(maps);
+    run.release = t.elapsed();
+    Ok(run)
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64())
+}
+
+fn gib(b: u64) -> String {
+    if b % (1 << 30) == 0 {
+        format!("{} GiB", b >> 30)
+    } else {
+        format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    }
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+/// `median (min–max)` of a duration over repetitions, in seconds.
+fn spread(mut v: Vec<Duration>) -> String {
+    if v.is_empty() {
+        return "—".into();
+    }
+    v.sort();
+    let med = v[v.len() / 2];
+    if v.len() == 1 {
+        secs(med)
+    } else {
+        format!("{} ({}–{})", secs(med), secs(v[0]), secs(v[v.len() - 1]))
+    }
+}
+
+fn report(runs: &[Run], args: &Args, nr_orders: usize) {
+    let k = args.order;
+    println!("\n### Time to target (seconds: median (min–max) of {} runs)\n", args.repeat);
+    println!(
+        "| size | variant | time to target | populate | pagemap + cut | free | settle + check | release |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for &size in &args.sizes {
+        for &v in &args.variants {
+            let rs: Vec<&Run> = runs.iter().filter(|r| r.size == size && r.variant == v).collect();
+            if rs.is_empty() {
+                continue;
+            }
+            let col = |f: &dyn Fn(&Run) -> Option<Duration>| spread(rs.iter().filter_map(|r| f(r)).collect());
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                gib(size),
+                v.name(),
+                col(&|r| Some(r.total)),
+                col(&|r| Some(r.populate)),
+                col(&|r| r.cut),
+                col(&|r| r.free),
+                col(&|r| r.settle),
+                col(&|r| Some(r.release)),
+            );
+        }
+    }
+
+    println!("\n### Free-block profile (last run of each)\n");
+    println!(
+        "Δ = free blocks per order in /proc/buddyinfo (all zones) after shaping minus right after \
+         populating. fraglab target: no free block of order ≥ {k}."
+    );
+    let orders: Vec<String> = (0..nr_orders).map(|o| format!("Δ o{o}")).collect();
+    println!(
+        "\n| size | variant | taken | freed | largest order grown | free pages ≥ o{k} Δ | {} |",
+        orders.join(" | ")
+    );
+    println!("|---|---|---|---|---|---|{}", "---|".repeat(nr_orders));
+    for &size in &args.sizes {
+        for &v in &args.variants {
+            let Some(r) = runs.iter().rev().find(|r| r.size == size && r.variant == v) else { continue };
+            if v == Variant::Populate {
+                // Nothing is shaped: show what taking the memory cost the machine instead.
+                let lost: Vec<String> = r
+                    .populated
+                    .iter()
+                    .zip(&r.before)
+                    .map(|(&p, &b)| format!("{:+}", p as i64 - b as i64))
+                    .collect();
+                println!(
+                    "| {} | {} (Δ = populated − before) | {} | — | — | {:+} | {} |",
+                    gib(size),
+                    v.name(),
+                    gib(r.taken),
+                    pages_at_or_above(&r.populated, k) as i64 - pages_at_or_above(&r.before, k) as i64,
+                    lost.join(" | ")
+                );
+                continue;
+            }
+            let d = r.delta();
+            let grown = d.iter().rposition(|&n| n > 0).map_or("none".into(), |o| o.to_string());
+            println!(
+                "| {} | {} | {} | {} | {} | {:+} | {} |",
+                gib(size),
+                v.name(),
+                gib(r.taken),
+                mib(r.freed),
+                grown,
+                pages_at_or_above(&r.after, k) as i64 - pages_at_or_above(&r.populated, k) as i64,
+                d.iter().map(|n| format!("{n:+}")).collect::<Vec<_>>().join(" | ")
+            );
+        }
+    }
+
+    println!("\n### fraglab: planned vs intact (last run of each size)\n");
+    println!("| size | order | planned | intact | intact % |");
+    println!("|---|---|---|---|---|");
+    for &size in &args.sizes {
+        let Some(r) = runs.iter().rev().find(|r| r.size == size && r.variant == Variant::Fraglab) else {
+            continue;
+        };
+        for o in 0..r.planned.len() {
+            if r.planned[o] > 0 {
+                println!(
+                    "| {} | {o} | {} | {} | {:.2} |",
+                    gib(size),
+                    r.planned[o],
+                    r.intact[o],
+                    100.0 * r.intact[o] as f64 / r.planned[o] as f64
+                );
+            }
+        }
+        println!(
+            "| {} | missing | {} asked for but not cuttable ({:.3} % of the target) | | |",
+            gib(size),
+            mib(r.missing_bytes),
+            100.0 * r.missing_bytes as f64 / (r.freed + r.missing_bytes).max(1) as f64
+        );
+    }
+
+    if runs.iter().any(|r| r.variant == Variant::Naive) {
+        println!("\n### naive: what the freed pages could form among themselves (from their PFNs)\n");
+        println!("| size | {} |", (0..nr_orders).map(|o| format!("o{o}")).collect::<Vec<_>>().join(" | "));
+        println!("|---|{}", "---|".repeat(nr_orders));
+        for &size in &args.sizes {
+            if let Some(r) = runs.iter().rev().find(|r| r.size == size && r.variant == Variant::Naive) {
+                println!(
+                    "| {} | {} |",
+                    gib(size),
+                    r.model.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" | ")
+                );
+            }
+        }
+    }
+}
+
+fn pages_at_or_above(t: &[u64], order: usize) -> u64 {
+    t.iter().enumerate().skip(order).map(|(o, &n)| n << o).sum()
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    if !nix::unistd::geteuid().is_root() {
+        bail!("fragment_bench needs root: pagemap PFNs, mlock, sysctls");
+    }
+    check_no_fraglab_holding()?;
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+    let (_instance, restored) = Instance::acquire(&args.run_dir, "fragment_bench")?;
+    for r in restored {
+        eprintln!("fragment_bench: restored {r} left by a run that died");
+    }
+    let found: Vec<String> = WATCHED.iter().map(|s| sysctl::read(s)).collect::<Result<_>>()?;
+    if found[0] != "1" || found[1] != "0" {
+        eprintln!(
+            "fragment_bench: warning: {} = {}, {} = {} (not the kernel defaults): is another fragmenter \
+             running? Its changes will confound these figures.",
+            WATCHED[0], found[0], WATCHED[1], found[1]
+        );
+    }
+    // As fraglab itself: if the OOM killer must choose, it should choose us.
+    std::fs::write("/proc/self/oom_score_adj", "1000")?;
+    let nr_orders = BuddyInfo::read()?.nr_orders();
+    let uname = nix::sys::utsname::uname()?;
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_total = <procfs::Meminfo as procfs::Current>::current().map(|m| m.mem_total).unwrap_or(0);
+    println!(
+        "fragment_bench: {} {}, {cpus} CPUs, MemTotal {}, MemAvailable {} at start; order {}; {} repeats",
+        uname.sysname().to_string_lossy(),
+        uname.release().to_string_lossy(),
+        gib_f(mem_total),
+        gib_f(mem_available()?),
+        args.order,
+        args.repeat
+    );
+
+    let mut runs = Vec::new();
+    'all: for &size in &args.sizes {
+        for rep in 0..args.repeat {
+            for &v in &args.variants {
+                if STOP.load(Ordering::Relaxed) {
+                    eprintln!("fragment_bench: interrupted; restoring and reporting what ran");
+                    break 'all;
+                }
+                check_room(size, args.keep)?;
+                eprint!("{} {} run {}/{} … ", gib(size), v.name(), rep + 1, args.repeat);
+                let run = match v {
+                    Variant::Populate => populate_only(size, args.keep)?,
+                    Variant::Fraglab => fraglab(size, &args, nr_orders)?,
+                    Variant::Naive => naive(size, args.keep, nr_orders)?,
+                };
+                eprintln!("{} s", secs(run.total));
+                runs.push(run);
+                // Let the released memory merge back before the next variant takes it.
+                settle()?;
+            }
+        }
+    }
+
+    report(&runs, &args, nr_orders);
+    let now: Vec<String> = WATCHED.iter().map(|s| sysctl::read(s)).collect::<Result<_>>()?;
+    println!();
+    for ((name, was), is) in WATCHED.iter().zip(&found).zip(&now) {
+        println!("after the run: {name} = {is} (found {was}){}", if was == is { "" } else { "  ← CHANGED" });
+    }
+    if now != found {
+        bail!("sysctls differ from what the benchmark found");
+    }
+    Ok(())
+}
+
+fn gib_f(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
