@@ -16,17 +16,6 @@ fn free_pages() -> u64 {
     procfs::Meminfo::current().unwrap().mem_free / 4096 + pcp
 }
 
-/// Poll for up to 3 s: other processes allocate and free meanwhile, and freed pages drain late.
-fn eventually(mut ok: impl FnMut() -> bool) -> bool {
-    for _ in 0..30 {
-        if ok() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    false
-}
-
 /// One fill, measured: free pages before, while the pipes are full, and after they close.
 fn measure(want: u64) -> (u64, u64, u64) {
     let before = free_pages();

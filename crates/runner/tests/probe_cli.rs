@@ -381,34 +381,39 @@ fn monitors_buddyinfo_reads_only_buddyinfo() {
     }
 }
 
-/// Run a refused command line with `--output` pointing into a fresh directory: it must fail, say
-/// `needles` on stderr, print nothing on stdout, and leave no output file behind.
+/// Run a refused command line, `OUT` standing for a file in a fresh directory: it must exit 1, say
+/// every one of `needles` on stderr, print nothing on stdout, and leave no file at `OUT`.
 fn refused(name: &str, args: &[&str], needles: &[&str]) {
     let s = Scratch::new(name);
     let file = s.path("out.jsonl");
-    let mut all: Vec<&str> = args.to_vec();
-    all.extend(["--output", file.to_str().unwrap()]);
-    for args in [args.to_vec(), all] {
-        let out = s.probe(&args);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?} not refused: {stderr}");
-        assert!(out.stdout.is_empty(), "{args:?} printed: {}", String::from_utf8_lossy(&out.stdout));
-        for needle in needles {
-            assert!(stderr.contains(needle), "{args:?}: {needle:?} not in {stderr:?}");
-        }
-        assert!(!file.exists(), "{args:?} created {}", file.display());
+    let args: Vec<&str> = args.iter().map(|&a| if a == "OUT" { file.to_str().unwrap() } else { a }).collect();
+    let out = s.probe(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?} not refused: {stderr}");
+    assert!(out.stdout.is_empty(), "{args:?} printed: {}", String::from_utf8_lossy(&out.stdout));
+    for needle in needles {
+        assert!(stderr.contains(needle), "{args:?}: {needle:?} not in {stderr:?}");
     }
+    assert!(!file.exists(), "{args:?} created {}", file.display());
 }
 
 #[test]
 fn bad_input_is_refused_naming_the_flag_and_creating_nothing() {
-    refused("zero", &["--watch", "0s", "--duration", "1s"], &["--watch"]);
-    refused("fast", &["--watch", "fast", "--duration", "1s"], &["--watch", "\"fast\""]);
+    let watch = |w: &'static str| ["--watch", w, "--duration", "1s", "--output", "OUT"];
+    refused("zero", &watch("0s"), &["--watch"]);
+    refused("zero-ms", &watch("0ms"), &["--watch"]);
+    refused("fast", &watch("fast"), &["--watch", "\"fast\""]);
     refused("nowatch", &["--duration", "3s"], &["--duration", "--watch"]);
-    refused("bogus", &["--monitors", "bogus", "--watch", "100ms", "--duration", "1s"], &["--monitors", "\"bogus\""]);
-    refused("bogus-one", &["--monitors", "bogus"], &["--monitors", "\"bogus\""]);
-    refused("late-bogus", &["--monitors", "buddyinfo,bogus", "--json"], &["--monitors", "\"bogus\""]);
-    refused("soon", &["--watch", "100ms", "--duration", "soon"], &["--duration", "\"soon\""]);
+    refused("nowatch-out", &["--duration", "3s", "--output", "OUT"], &["--duration", "--watch"]);
+    refused("out-only", &["--output", "OUT"], &["--output", "--watch"]);
+    refused("soon", &["--watch", "100ms", "--duration", "soon", "--output", "OUT"], &["--duration", "\"soon\""]);
+    refused("bogus", &["--monitors", "bogus"], &["--monitors", "\"bogus\""]);
+    refused("bogus-json", &["--monitors", "buddyinfo,bogus", "--json"], &["--monitors", "\"bogus\""]);
+    refused(
+        "bogus-watch",
+        &["--monitors", "bogus", "--watch", "100ms", "--duration", "1s", "--output", "OUT"],
+        &["--monitors", "\"bogus\""],
+    );
 }
 
 /// The two messages that name the flag but not the value typed. Run with `--ignored` once
@@ -416,6 +421,6 @@ fn bad_input_is_refused_naming_the_flag_and_creating_nothing() {
 #[test]
 #[ignore = "probe.rs: `--watch 0s` and `--duration 3s` without --watch do not quote the value"]
 fn bad_input_messages_quote_the_value() {
-    refused("zero-value", &["--watch", "0s", "--duration", "1s"], &["--watch", "0s"]);
-    refused("nowatch-value", &["--duration", "3s"], &["--duration", "3s"]);
+    refused("zero-value", &["--watch", "0s", "--duration", "1s", "--output", "OUT"], &["--watch", "0s"]);
+    refused("nowatch-value", &["--duration", "3s", "--output", "OUT"], &["--duration", "3s"]);
 }
