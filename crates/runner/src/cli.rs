@@ -26,6 +26,21 @@ pub enum Command {
     Status(StatusArgs),
     /// Make a holding fragmenter give its memory back and restore every sysctl.
     Release,
+    /// Run one workload and report throughput, latency, CPU and failures by errno.
+    Workload(WorkloadArgs),
+    /// Serve the TCP/SCTP workloads' server side for a client on another host (`--peer`).
+    Serve(crate::workload::tcp::ServeArgs),
+    /// Boot a kernel under test in qemu and run a fraglab command inside it.
+    Vm(crate::vm::VmArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WorkloadArgs {
+    #[command(subcommand)]
+    pub kind: crate::workload::Kind,
+    /// Print the result as JSON (the object `fraglab run` stores).
+    #[arg(long, global = true)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

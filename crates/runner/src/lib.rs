@@ -5,6 +5,8 @@ pub mod cli;
 pub mod commands;
 pub mod resolve;
 pub mod units;
+pub mod vm;
+pub mod workload;
 
 use std::process::ExitCode;
 
@@ -31,6 +33,9 @@ pub fn main() -> ExitCode {
         cli::Command::Fragment(args) => commands::fragment::run(args, &cli.run_dir),
         cli::Command::Status(args) => commands::fragment::status(args, &cli.run_dir),
         cli::Command::Release => commands::fragment::release(&cli.run_dir),
+        cli::Command::Workload(args) => commands::workload::run(args),
+        cli::Command::Serve(args) => crate::workload::tcp::serve(args),
+        cli::Command::Vm(args) => crate::vm::run(args),
     };
     match result {
         Ok(code) => code,

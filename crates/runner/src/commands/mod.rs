@@ -2,3 +2,4 @@
 
 pub mod fragment;
 pub mod probe;
+pub mod workload;

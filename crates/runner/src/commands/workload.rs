@@ -1,0 +1,76 @@
+//! `fraglab workload KIND`: run one workload, print its result.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use crate::cli::WorkloadArgs;
+use crate::units::format_size;
+use crate::workload::result::WorkloadResult;
+use crate::workload::{exec, sctp, tcp, trigger, Kind};
+
+pub fn run(args: WorkloadArgs) -> Result<ExitCode> {
+    let result = run_kind(&args.kind)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        print!("{}", summary(&result));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Run one workload of any kind: what `fraglab run` calls for each `[[workload]]`.
+pub fn run_kind(kind: &Kind) -> Result<WorkloadResult> {
+    match kind {
+        Kind::SctpConnect(a) => sctp::connect(a),
+        Kind::SctpStream(a) => sctp::stream(a),
+        Kind::SctpRr(a) => sctp::rr(a),
+        Kind::TcpStream(a) => tcp::stream(a),
+        Kind::TcpRr(a) => tcp::rr(a),
+        Kind::TcpCrr(a) => tcp::crr(a),
+        Kind::Trigger(k) => trigger::run(k),
+        Kind::Exec(a) => exec::run(a),
+    }
+}
+
+/// The human summary of any result.
+pub fn summary(r: &WorkloadResult) -> String {
+    let mut o = format!("{} — {:.2} s, {} ok, {} failed\n", r.kind, r.duration_s, r.ok, r.failed);
+    if r.bytes > 0 {
+        o += &format!("  payload   {}", format_size(r.bytes));
+        if let Some(t) = r.throughput_mbit {
+            o += &format!(", {t:.1} Mbit/s");
+        }
+        o += "\n";
+    }
+    if let Some(ops) = r.ops_per_sec {
+        o += &format!("  rate      {ops:.1} ops/s\n");
+    }
+    if let Some(s) = &r.per_worker {
+        o += &format!("  per worker min {:.1} / median {:.1} / max {:.1}\n", s.min, s.median, s.max);
+    }
+    if let Some(l) = &r.latency_us {
+        o += &format!(
+            "  latency µs  mean {:.1}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (n={})\n",
+            l.mean, l.p50, l.p90, l.p99, l.p999, l.max, l.count
+        );
+    }
+    if let Some(c) = &r.cpu {
+        o += &format!("  cpu       {:.1}% of {} CPUs", c.util_pct, c.cpus);
+        if let Some(sd) = c.service_demand_us_per_kb {
+            o += &format!(", service demand {sd:.3} µs/KB");
+        }
+        o += "\n";
+    }
+    for e in &r.errors {
+        o += &format!("  error     {} ({}) × {}, first at {:.3} s\n", e.errno, e.code, e.count, e.first_seen_s);
+    }
+    for (k, v) in &r.details {
+        o += &format!("  {k:<9} {v}\n");
+    }
+    for n in &r.notes {
+        o += &format!("  note: {n}\n");
+    }
+    o += &format!("  rusage    user {:.2} s, sys {:.2} s, maxrss {} KiB\n", r.rusage.user_s, r.rusage.sys_s, r.rusage.maxrss_kb);
+    o
+}

@@ -1,0 +1,35 @@
+//! Workloads: the traffic and syscalls that make the kernel allocate, and what they report.
+//!
+//! Each kind takes resolved options and returns a [`result::WorkloadResult`]; `fraglab workload`
+//! prints it, `fraglab run` stores it.
+
+pub mod result;
+pub mod exec;
+pub mod sctp;
+pub mod tcp;
+pub mod trigger;
+
+use clap::Subcommand;
+
+/// `fraglab workload <kind>`.
+#[derive(Debug, Subcommand)]
+pub enum Kind {
+    /// N SCTP associations with up to 65535 streams each (seed 000's sctp_test -M 65535 -T).
+    SctpConnect(sctp::ConnectArgs),
+    /// SCTP bulk transfer, like netperf -t SCTP_STREAM (seed 001).
+    SctpStream(sctp::StreamArgs),
+    /// SCTP request/response, like netperf -t SCTP_RR.
+    SctpRr(sctp::RrArgs),
+    /// T threads, each a TCP connection streaming messages, like super_netperf (seed 002).
+    TcpStream(tcp::StreamArgs),
+    /// C clients doing request/response transactions (seed 004).
+    TcpRr(tcp::RrArgs),
+    /// A new connection per transaction.
+    TcpCrr(tcp::RrArgs),
+    /// Syscalls that make the kernel do one allocation of a known high order.
+    #[command(subcommand)]
+    Trigger(trigger::Kind),
+    /// Any external command (sctp_test, iperf3, netperf), with a timeout; ENOMEM/ENOBUFS in its
+    /// output are recognised.
+    Exec(exec::ExecArgs),
+}
