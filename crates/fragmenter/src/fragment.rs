@@ -247,6 +247,12 @@ impl Fragmenter {
         self.kept.iter().map(|&(_, pfn)| pfn)
     }
 
+    /// The journal this fragmenter's sysctls went through; a run sets its sweep sysctls through it
+    /// too, so one restore puts everything back.
+    pub fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
+    }
+
     pub fn status(&self) -> &Status {
         &self.status
     }

@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod config;
 pub mod resolve;
 pub mod units;
 pub mod vm;

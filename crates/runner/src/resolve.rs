@@ -17,6 +17,9 @@ use crate::units::{format_size, parse_size};
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FragmentSpec {
+    /// `false` in a config's `[fragment]` table makes a baseline run (no fragmentation).
+    #[serde(default = "yes")]
+    pub enabled: bool,
     pub max_free_order: Option<usize>,
     pub free: Option<String>,
     pub profile: Option<String>,
@@ -30,6 +33,7 @@ pub struct FragmentSpec {
 impl From<&FragmentArgs> for FragmentSpec {
     fn from(a: &FragmentArgs) -> Self {
         FragmentSpec {
+            enabled: true,
             max_free_order: a.max_free_order,
             free: a.free.clone(),
             profile: a.profile.clone(),
@@ -42,6 +46,10 @@ impl From<&FragmentArgs> for FragmentSpec {
             no_proactive_compaction: a.no_proactive_compaction,
         }
     }
+}
+
+pub fn yes() -> bool {
+    true
 }
 
 /// What the machine allows, read once so every check uses the same numbers.

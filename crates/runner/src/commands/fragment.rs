@@ -46,25 +46,9 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
 
-    let bar = ProgressBar::new(plan.budget.unwrap_or(machine.mem_available));
-    bar.set_style(ProgressStyle::with_template(
-        "{msg:12} [{bar:40}] {binary_bytes}/{binary_total_bytes} {elapsed}",
-    )?);
-    let mut fragmenter = Fragmenter::start(plan, journal, &mut |p| match p {
-        Progress::Populating { done, total } => {
-            bar.set_length(total);
-            bar.set_position(done);
-            bar.set_message("populating");
-        }
-        Progress::Cutting => bar.set_message("cutting"),
-        Progress::Freeing { .. } => bar.set_message("freeing"),
-        Progress::Settling => bar.set_message("settling"),
-        Progress::Filling { bytes, leftover_pages } => {
-            bar.set_message(format!("filling ({} left at order ≥ k)", format_size(leftover_pages * 4096)));
-            bar.set_position(bytes);
-        }
-    })?;
-    bar.finish_and_clear();
+    let mut progress = progress_bar();
+    let mut fragmenter = Fragmenter::start(plan, journal, &mut progress)?;
+    drop(progress);
 
     if args.daemon_child {
         // Tell the foreground half we hold, then cut loose from its terminal.
@@ -99,6 +83,41 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
     drop(instance);
     eprintln!("released; restored {}", restored.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", "));
     Ok(ExitCode::SUCCESS)
+}
+
+/// A progress bar for shaping, cleared when dropped.
+pub fn progress_bar() -> impl FnMut(Progress) {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:12} [{bar:40}] {binary_bytes}/{binary_total_bytes} {elapsed}")
+            .expect("static template"),
+    );
+    let guard = ClearOnDrop(bar.clone());
+    move |p| {
+        let _keep = &guard;
+        match p {
+            Progress::Populating { done, total } => {
+                bar.set_length(total);
+                bar.set_position(done);
+                bar.set_message("populating");
+            }
+            Progress::Cutting => bar.set_message("cutting"),
+            Progress::Freeing { .. } => bar.set_message("freeing"),
+            Progress::Settling => bar.set_message("settling"),
+            Progress::Filling { bytes, leftover_pages } => {
+                bar.set_message(format!("filling ({} left at order ≥ k)", format_size(leftover_pages * 4096)));
+                bar.set_position(bytes);
+            }
+        }
+    }
+}
+
+struct ClearOnDrop(ProgressBar);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
 }
 
 /// Run this same command again in the background and wait until it holds (or fails).

@@ -63,7 +63,10 @@ pub fn summary(r: &WorkloadResult) -> String {
         o += "\n";
     }
     for e in &r.errors {
-        o += &format!("  error     {} ({}) × {}, first at {:.3} s\n", e.errno, e.code, e.count, e.first_seen_s);
+        o += &format!(
+            "  error     {} ({}) × {}, first at {:.3} s\n",
+            e.errno, e.code, e.count, e.first_seen_s
+        );
     }
     for (k, v) in &r.details {
         o += &format!("  {k:<9} {v}\n");
@@ -71,6 +74,9 @@ pub fn summary(r: &WorkloadResult) -> String {
     for n in &r.notes {
         o += &format!("  note: {n}\n");
     }
-    o += &format!("  rusage    user {:.2} s, sys {:.2} s, maxrss {} KiB\n", r.rusage.user_s, r.rusage.sys_s, r.rusage.maxrss_kb);
+    o += &format!(
+        "  rusage    user {:.2} s, sys {:.2} s, maxrss {} KiB\n",
+        r.rusage.user_s, r.rusage.sys_s, r.rusage.maxrss_kb
+    );
     o
 }

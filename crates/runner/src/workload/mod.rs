@@ -3,8 +3,8 @@
 //! Each kind takes resolved options and returns a [`result::WorkloadResult`]; `fraglab workload`
 //! prints it, `fraglab run` stores it.
 
-pub mod result;
 pub mod exec;
+pub mod result;
 pub mod sctp;
 pub mod tcp;
 pub mod trigger;

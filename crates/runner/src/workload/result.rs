@@ -230,12 +230,8 @@ impl CpuSample {
         let stat = procfs::KernelStats::current().map_err(std::io::Error::other)?;
         let t = &stat.total;
         let idle = t.idle + t.iowait.unwrap_or(0);
-        let busy = t.user
-            + t.nice
-            + t.system
-            + t.irq.unwrap_or(0)
-            + t.softirq.unwrap_or(0)
-            + t.steal.unwrap_or(0);
+        let busy =
+            t.user + t.nice + t.system + t.irq.unwrap_or(0) + t.softirq.unwrap_or(0) + t.steal.unwrap_or(0);
         Ok(CpuSample { busy, total: busy + idle, cpus: stat.cpu_time.len() })
     }
 
