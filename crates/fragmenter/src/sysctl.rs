@@ -64,8 +64,15 @@ impl Journal {
     /// Start an empty journal in `dir`. Call only while holding the instance lock, after
     /// [`recover`] has put back whatever a dead fraglab left.
     pub fn create(dir: &Path) -> Result<Self> {
+        Self::create_named(dir, Self::FILE)
+    }
+
+    /// Start an empty journal in `dir` under its own file `name`: for a process that changes sysctls
+    /// without the instance lock (a trigger runs beside a holding fragmenter), so neither truncates
+    /// the other's journal. Put back with [`recover_named`] once its writer is known dead.
+    pub fn create_named(dir: &Path, name: &str) -> Result<Self> {
         fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let file = dir.join(Self::FILE);
+        let file = dir.join(name);
         File::create(&file).with_context(|| format!("cannot create {}", file.display()))?;
         Ok(Journal { file, entries: Vec::new() })
     }
@@ -134,7 +141,13 @@ fn restore_entries(entries: &[Entry]) -> (Vec<Restored>, Option<anyhow::Error>) 
 /// Restore what a dead fraglab's journal in `dir` recorded, and remove the journal. Call only while
 /// holding the instance lock: a live fraglab's journal is not stale.
 pub fn recover(dir: &Path) -> Result<Vec<Restored>> {
-    let file = dir.join(Journal::FILE);
+    recover_named(dir, Journal::FILE)
+}
+
+/// [`recover`] for a journal started with [`Journal::create_named`]. Call only when its writer is
+/// known dead (e.g. it no longer holds the lock it journals under).
+pub fn recover_named(dir: &Path, name: &str) -> Result<Vec<Restored>> {
+    let file = dir.join(name);
     let text = match fs::read_to_string(&file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
