@@ -29,6 +29,18 @@ pub fn main() -> ExitCode {
         Ok(_) => {}
         Err(e) => eprintln!("fraglab: could not restore a previous fraglab's sysctls: {e:#}"),
     }
+    // Triggers journal apart from the fragmenter (they run while it holds the instance lock).
+    workload::trigger::set_run_dir(&cli.run_dir);
+    match workload::trigger::recover_if_stale(&cli.run_dir) {
+        Ok(restored) if !restored.is_empty() => {
+            eprintln!("fraglab: a previous trigger died holding sysctls; restored from its journal:");
+            for r in restored {
+                eprintln!("  {r}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("fraglab: could not restore a previous trigger's sysctls: {e:#}"),
+    }
     let result = match cli.command {
         cli::Command::Probe(args) => commands::probe::run(args),
         cli::Command::Fragment(args) => commands::fragment::run(args, &cli.run_dir),

@@ -1,0 +1,391 @@
+//! `fraglab workload exec [--timeout 60s] -- CMD ARGS...`: run any external command (sctp_test,
+//! iperf3, netperf) as a workload. Its output is read line by line as it arrives, so "Cannot allocate
+//! memory", ENOMEM, ENOBUFS, "No buffer space available" and "page allocation failure" are counted by
+//! errno with the time they first appeared; the last `--keep-output` bytes of stdout and stderr, the
+//! exit status, the wall time and the command's own rusage (wait4) go into the result.
+//!
+//! The command runs in its own process group; on timeout the whole group gets SIGTERM, then SIGKILL
+//! after [`KILL_GRACE`]. A Ctrl-C or SIGTERM to fraglab is forwarded the same way, and fraglab dies of
+//! it once the command is reaped, so nothing it started is left running.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{self, Read};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::result::{wall_now, Errors, Rusage, WorkloadResult};
+use super::trigger::DeferSignals;
+use crate::units::{format_size, parse_duration, parse_size};
+
+/// Between SIGTERM and SIGKILL to the command's process group.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How long the output may stay open after the command exited (held by processes it left behind)
+/// before those are killed.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// Longest stretch of a line without a newline that is scanned as one line.
+const MAX_LINE: usize = 64 << 10;
+
+fn default_timeout() -> String {
+    "60s".into()
+}
+fn default_keep_output() -> String {
+    "64KiB".into()
+}
+
+#[derive(Debug, Clone, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecArgs {
+    /// Stop the command after this long: SIGTERM to its process group, SIGKILL 2 s later.
+    #[arg(long, default_value = "60s", value_name = "DURATION")]
+    #[serde(default = "default_timeout")]
+    pub timeout: String,
+    /// Keep this much of the end of stdout and of stderr in the result.
+    #[arg(long, default_value = "64KiB", value_name = "SIZE")]
+    #[serde(default = "default_keep_output")]
+    pub keep_output: String,
+    /// The command and its arguments, after `--`.
+    #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// Output patterns and the errno each one means.
+const PATTERNS: [(&str, i32); 5] = [
+    ("Cannot allocate memory", libc::ENOMEM),
+    ("ENOMEM", libc::ENOMEM),
+    ("page allocation failure", libc::ENOMEM),
+    ("No buffer space available", libc::ENOBUFS),
+    ("ENOBUFS", libc::ENOBUFS),
+];
+
+/// The errnos one line of output reports, each at most once.
+pub fn errnos_in(line: &str) -> Vec<i32> {
+    let mut found: Vec<i32> = Vec::new();
+    for (pattern, code) in PATTERNS {
+        if !found.contains(&code) && line.contains(pattern) {
+            found.push(code);
+        }
+    }
+    found
+}
+
+pub fn run(args: &ExecArgs) -> Result<WorkloadResult> {
+    // Validate everything before starting anything.
+    let timeout =
+        parse_duration(&args.timeout).map_err(|e| anyhow::anyhow!("--timeout {}: {e}", args.timeout))?;
+    if timeout.is_zero() {
+        bail!("--timeout {}: must be above zero", args.timeout);
+    }
+    let keep = parse_size(&args.keep_output)
+        .map_err(|e| anyhow::anyhow!("--keep-output {}: {e}", args.keep_output))?;
+    if keep > 64 << 20 {
+        bail!("--keep-output {}: at most 64MiB", args.keep_output);
+    }
+    let keep = keep as usize;
+    let Some((program, rest)) = args.command.split_first() else {
+        bail!("no command: write it after `--`, e.g. fraglab workload exec -- iperf3 -c 127.0.0.1");
+    };
+    let params = serde_json::to_value(args)?;
+
+    // Ctrl-C / SIGTERM to fraglab are forwarded to the command's group, not left to orphan it. Threads
+    // spawned from here on inherit the mask; the command must not (std does not reset it).
+    let signals = DeferSignals::block();
+    let mask = signals.original();
+    let mut command = Command::new(program);
+    command.args(rest).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    // SAFETY: between fork and exec only pthread_sigmask runs, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let start = Instant::now();
+    let started = wall_now();
+    let mut child = command.spawn().with_context(|| format!("cannot run `{program}`"))?;
+    let pid = child.id() as libc::pid_t;
+    let readers = [
+        spawn_reader(child.stdout.take().expect("piped"), start, keep),
+        spawn_reader(child.stderr.take().expect("piped"), start, keep),
+    ];
+    // The child is reaped with wait4() below (for its rusage), never through `child`.
+    drop(child);
+    let (done_tx, done_rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = done_tx.send(wait4(pid));
+    });
+
+    let deadline = start + timeout;
+    let mut timed_out = false;
+    let mut interrupted = None;
+    let mut stop = Stop::Running;
+    let (status, usage) = loop {
+        match done_rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(r) => break r.context("wait4 on the command failed")?,
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("lost the command's waiter thread"),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        let now = Instant::now();
+        match stop {
+            Stop::Running => {
+                if now >= deadline {
+                    timed_out = true;
+                } else if let Some(sig) = signals.pending() {
+                    interrupted = Some(sig);
+                }
+                if timed_out || interrupted.is_some() {
+                    kill_group(pid, libc::SIGTERM);
+                    stop = Stop::Terminating(now + KILL_GRACE);
+                }
+            }
+            Stop::Terminating(kill_at) if now >= kill_at => {
+                kill_group(pid, libc::SIGKILL);
+                stop = Stop::Killed;
+            }
+            Stop::Terminating(_) | Stop::Killed => {}
+        }
+    };
+    let duration = start.elapsed();
+
+    // Processes the command left in its group may hold the output open: give them a moment, then
+    // kill them so the readers see EOF.
+    let mut notes = Vec::new();
+    let drain_until = Instant::now() + DRAIN_GRACE;
+    while readers.iter().any(|r| !r.is_finished()) && Instant::now() < drain_until {
+        thread::sleep(Duration::from_millis(10));
+    }
+    if readers.iter().any(|r| !r.is_finished()) {
+        kill_group(pid, libc::SIGKILL);
+        notes.push(
+            "processes the command left behind kept its output open after it exited; killed its process group"
+                .to_string(),
+        );
+    }
+    let mut outputs = Vec::new();
+    for r in readers {
+        outputs.push(r.join().map_err(|_| anyhow::anyhow!("an output reader panicked"))?);
+    }
+    drop(signals); // a forwarded Ctrl-C now ends fraglab too, the command being gone
+
+    let mut errors = Errors::new(start);
+    let mut details = BTreeMap::new();
+    let mut alloc_failure_lines = 0;
+    for (name, out) in ["stdout", "stderr"].into_iter().zip(outputs) {
+        details.insert(name.to_string(), json!(String::from_utf8_lossy(&out.tail)));
+        details.insert(format!("{name}_bytes"), json!(out.bytes));
+        if out.bytes > out.tail.len() as u64 {
+            notes.push(format!(
+                "{name}: kept the last {} of {}",
+                format_size(out.tail.len() as u64),
+                format_size(out.bytes)
+            ));
+        }
+        alloc_failure_lines += out.alloc_failure_lines;
+        errors.merge(out.errors);
+    }
+    if alloc_failure_lines > 0 {
+        details.insert("page_allocation_failure_lines".into(), json!(alloc_failure_lines));
+    }
+    let exited_ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    if libc::WIFEXITED(status) {
+        details.insert("exit_code".into(), json!(libc::WEXITSTATUS(status)));
+    } else if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        details.insert("signal".into(), json!(signal_name(sig)));
+    }
+    details.insert("timed_out".into(), json!(timed_out));
+    if timed_out {
+        notes.push(format!(
+            "timed out after {}: SIGTERM to its process group, SIGKILL {} s later if still running",
+            humantime::format_duration(timeout),
+            KILL_GRACE.as_secs()
+        ));
+    }
+    if let Some(sig) = interrupted {
+        notes.push(format!("fraglab got {}: forwarded to the command's process group", signal_name(sig)));
+    }
+    if errors.total() > 0 {
+        notes.push(
+            "errors are lines of the command's output naming ENOMEM/ENOBUFS (\"Cannot allocate memory\", \
+             \"No buffer space available\", \"page allocation failure\" count as ENOMEM/ENOBUFS/ENOMEM)"
+                .into(),
+        );
+    }
+    notes.push(
+        "rusage is the command's own (wait4), including children it waited for; its maxrss starts from \
+         fraglab's RSS at the fork (Linux carries the high-water mark through exec)"
+            .into(),
+    );
+
+    Ok(WorkloadResult {
+        kind: "exec".into(),
+        params,
+        started,
+        duration_s: duration.as_secs_f64(),
+        ok: u64::from(exited_ok),
+        failed: u64::from(!exited_ok),
+        bytes: 0,
+        throughput_mbit: None,
+        ops_per_sec: None,
+        per_worker: None,
+        latency_us: None,
+        cpu: None,
+        errors: errors.into_vec(),
+        rusage: usage,
+        details,
+        notes,
+    })
+}
+
+/// How far stopping the command has gone.
+enum Stop {
+    Running,
+    /// SIGTERM sent; SIGKILL at this instant.
+    Terminating(Instant),
+    Killed,
+}
+
+/// What one output stream produced.
+struct Output {
+    tail: Vec<u8>,
+    bytes: u64,
+    errors: Errors,
+    alloc_failure_lines: u64,
+}
+
+fn spawn_reader(
+    mut stream: impl Read + Send + 'static,
+    start: Instant,
+    keep: usize,
+) -> thread::JoinHandle<Output> {
+    thread::spawn(move || {
+        let mut out =
+            Output { tail: Vec::new(), bytes: 0, errors: Errors::new(start), alloc_failure_lines: 0 };
+        let mut tail: VecDeque<u8> = VecDeque::new();
+        let mut line: Vec<u8> = Vec::new();
+        let mut buf = vec![0u8; 16 << 10];
+        let scan = |line: &[u8], out: &mut Output| {
+            let text = String::from_utf8_lossy(line);
+            for code in errnos_in(&text) {
+                out.errors.record(&io::Error::from_raw_os_error(code));
+            }
+            if text.contains("page allocation failure") {
+                out.alloc_failure_lines += 1;
+            }
+        };
+        loop {
+            let n = match stream.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            let chunk = &buf[..n];
+            out.bytes += n as u64;
+            tail.extend(chunk);
+            if tail.len() > keep {
+                tail.drain(..tail.len() - keep);
+            }
+            for piece in chunk.split_inclusive(|&b| b == b'\n') {
+                line.extend_from_slice(piece);
+                if line.ends_with(b"\n") || line.len() >= MAX_LINE {
+                    scan(&line, &mut out);
+                    line.clear();
+                }
+            }
+        }
+        if !line.is_empty() {
+            scan(&line, &mut out);
+        }
+        out.tail = tail.into();
+        out
+    })
+}
+
+/// Reap `pid`, with its resource usage.
+fn wait4(pid: libc::pid_t) -> io::Result<(libc::c_int, Rusage)> {
+    let mut status = 0;
+    // SAFETY: rusage is plain data the kernel fills in.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: status and ru are valid for writes.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r == pid {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok((
+        status,
+        Rusage {
+            user_s: secs(ru.ru_utime),
+            sys_s: secs(ru.ru_stime),
+            maxrss_kb: ru.ru_maxrss,
+            minflt: ru.ru_minflt,
+            majflt: ru.ru_majflt,
+            nvcsw: ru.ru_nvcsw,
+            nivcsw: ru.ru_nivcsw,
+        },
+    ))
+}
+
+fn kill_group(pgid: libc::pid_t, sig: libc::c_int) {
+    // SAFETY: kill() with a negative pid signals the process group the command leads.
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}
+
+fn signal_name(sig: libc::c_int) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map_or_else(|_| format!("signal {sig}"), |s| s.as_str().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_allocation_failures() {
+        assert_eq!(errnos_in("connect: Cannot allocate memory"), vec![libc::ENOMEM]);
+        assert_eq!(errnos_in("sendmsg: No buffer space available (ENOBUFS)"), vec![libc::ENOBUFS]);
+        assert_eq!(
+            errnos_in("[  12.3] sctp_test: page allocation failure: order:5, mode:0xcc0(GFP_KERNEL)"),
+            vec![libc::ENOMEM]
+        );
+        assert_eq!(errnos_in("ENOMEM and ENOBUFS"), vec![libc::ENOMEM, libc::ENOBUFS]);
+        assert!(errnos_in("all good").is_empty());
+    }
+
+    #[test]
+    fn configs_deserialize_with_cli_defaults() {
+        let a: ExecArgs = serde_json::from_value(json!({"command": ["true"]})).unwrap();
+        assert_eq!((a.timeout.as_str(), a.keep_output.as_str()), ("60s", "64KiB"));
+        assert!(serde_json::from_value::<ExecArgs>(json!({"command": ["true"], "tmeout": "1s"})).is_err());
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: ExecArgs,
+        }
+        let c = Cli::parse_from(["x", "--", "sh", "-c", "exit 1"]);
+        assert_eq!(c.a.command, ["sh", "-c", "exit 1"]);
+        assert_eq!(
+            serde_json::to_value(&c.a).unwrap(),
+            json!({"timeout": "60s", "keep_output": "64KiB", "command": ["sh", "-c", "exit 1"]})
+        );
+        let c = Cli::parse_from(["x", "--timeout", "1s", "sleep", "30", "--timeout", "5s"]);
+        assert_eq!((c.a.timeout.as_str(), c.a.command.len()), ("1s", 4));
+    }
+}
