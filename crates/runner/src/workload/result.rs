@@ -88,7 +88,7 @@ pub struct Latency {
 
 impl Latency {
     pub fn of(h: &Histogram<u64>) -> Option<Latency> {
-        (h.len() > 0).then(|| Latency {
+        (!h.is_empty()).then(|| Latency {
             count: h.len(),
             mean: h.mean(),
             min: h.min(),
