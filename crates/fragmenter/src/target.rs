@@ -43,57 +43,19 @@ pub fn parse_profile(text: &str) -> Result<(Option<String>, Vec<u64>), String> {
     Ok((None, free))
 }
 
-/// `Normal: 512*4kB (UME) 97*8kB (UM) 12*16kB (M) 0*32kB 0*64kB ... = 3016kB`
+/// `Normal: 512*4kB (UME) 97*8kB (UM) 12*16kB (M) 0*32kB 0*64kB ... = 3016kB`, or with `Node 0 `
+/// before the zone. The line is read by the probe's kernel-log parser, the same one `fraglab scan`
+/// uses, so every profile scan prints is one this accepts.
 fn parse_meminfo_line(text: &str) -> Result<(Option<String>, Vec<u64>), String> {
-    let (zone, rest) = match text.split_once(':') {
-        Some((zone, rest)) if !zone.contains('*') => (Some(zone.trim().to_string()), rest),
-        _ => (None, text),
-    };
-    // The total after '=' is the kernel's own sum; it is checked, not trusted blindly.
-    let (areas, total) = match rest.split_once('=') {
-        Some((areas, total)) => (areas, Some(total.trim())),
-        None => (rest, None),
-    };
-    let mut free = Vec::new();
-    for field in areas.split_whitespace() {
-        if field.starts_with('(') {
-            continue; // migratetype letters such as (UME)
-        }
-        let (count, size) = field.split_once('*').ok_or_else(|| format!("{field:?} is not COUNT*SIZEkB"))?;
-        let count: u64 = count.parse().map_err(|_| format!("{field:?}: {count:?} is not a count"))?;
-        let kb: u64 = size
-            .strip_suffix("kB")
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("{field:?}: {size:?} is not a size in kB"))?;
-        let page_kb = 4;
-        let pages = kb / page_kb;
-        if kb % page_kb != 0 || !pages.is_power_of_two() {
-            return Err(format!("{field:?}: {kb}kB is not a power-of-two number of 4kB pages"));
-        }
-        let order = pages.trailing_zeros() as usize;
-        if order != free.len() {
-            return Err(format!(
-                "{field:?}: expected the order-{} entry ({}kB) here",
-                free.len(),
-                4 << free.len()
-            ));
-        }
-        free.push(count);
+    let area = fraglab_probe::kmsg::FreeArea::parse(text)?;
+    // The fragmenter shapes 4kB pages; a 16kB- or 64kB-page report's orders mean other sizes here.
+    if area.page_kb != 4 {
+        return Err(format!(
+            "the line's order-0 blocks are {}kB: only 4kB-page profiles can be reproduced here",
+            area.page_kb
+        ));
     }
-    if free.is_empty() {
-        return Err("no COUNT*SIZEkB entries found".into());
-    }
-    if let Some(total) = total {
-        let total_kb: u64 = total
-            .strip_suffix("kB")
-            .and_then(|t| t.parse().ok())
-            .ok_or_else(|| format!("total {total:?}"))?;
-        let sum: u64 = free.iter().enumerate().map(|(o, n)| n * (4 << o)).sum();
-        if sum != total_kb {
-            return Err(format!("the entries add up to {sum}kB but the line says = {total_kb}kB"));
-        }
-    }
-    Ok((zone, free))
+    Ok((area.zone, area.free))
 }
 
 #[cfg(test)]

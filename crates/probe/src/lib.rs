@@ -7,11 +7,13 @@
 pub mod buddyinfo;
 pub mod error;
 pub mod extfrag;
+pub mod kmsg;
 pub mod meminfo;
 pub mod pagetypeinfo;
 pub mod slabinfo;
 pub mod snapshot;
 pub mod sockstat;
+pub mod tracefs;
 pub mod vmstat;
 
 pub use error::{Error, Result};

@@ -32,6 +32,9 @@ pub enum Command {
     Serve(crate::workload::tcp::ServeArgs),
     /// Boot a kernel under test in qemu and run a fraglab command inside it.
     Vm(crate::vm::VmArgs),
+    /// Read a saved dmesg / syslog / journal: allocation failures by order, mode and command, OOM
+    /// kills, and each Mem-Info free-area line as a ready `fraglab fragment --profile` target.
+    Scan(crate::commands::scan::ScanArgs),
 }
 
 #[derive(Debug, Args)]

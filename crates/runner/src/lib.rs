@@ -49,6 +49,7 @@ pub fn main() -> ExitCode {
         cli::Command::Workload(args) => commands::workload::run(args),
         cli::Command::Serve(args) => crate::workload::tcp::serve(args),
         cli::Command::Vm(args) => crate::vm::run(args),
+        cli::Command::Scan(args) => commands::scan::run(args),
     };
     match result {
         Ok(code) => code,

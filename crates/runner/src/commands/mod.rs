@@ -2,4 +2,5 @@
 
 pub mod fragment;
 pub mod probe;
+pub mod scan;
 pub mod workload;

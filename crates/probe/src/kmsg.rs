@@ -1,0 +1,824 @@
+//! The kernel log: `/dev/kmsg` records and the allocation-failure, OOM-killer and Mem-Info lines in
+//! them, live or in a saved log.
+//!
+//! ```text
+//! 4,1234,3225313209,-;Xorg: page allocation failure: order:4, mode:0x40dc0(GFP_KERNEL|__GFP_COMP|__GFP_ZERO), nodemask=(null),cpuset=/,mems_allowed=0
+//! [ 3225.315254] Node 0 Normal: 3277*4kB (UME) 1459*8kB (UME) 2012*16kB (UME) ... 0*4096kB = 190636kB
+//! Jul 31 17:17:05 fs kernel: [11918.534744] x2golistsession invoked oom-killer: gfp_mask=0x27000c0(GFP_KERNEL_ACCOUNT|__GFP_NOTRACK), order=2, oom_score_adj=0
+//! ```
+//!
+//! Three layers, each usable alone:
+//! - [`parse_message`]: one kernel message (no prefix) → a typed [`KmsgEvent`], `Ok(None)` for the
+//!   thousands of lines that are none of ours, `Err` for a line that is ours but malformed;
+//! - [`split_log_line`] / [`parse_line`]: a line as saved by dmesg (with or without `[  123.456789]`),
+//!   syslog (`Nov  3 10:00:01 host kernel: `), journalctl (`kernel: `, short-iso, export and json
+//!   output) or a serial console, prefixes removed;
+//! - [`scan_log`]: a whole saved log, with line numbers, joining Mem-Info lines that a mail or a
+//!   terminal wrapped;
+//! - [`KmsgWatcher`]: the live `/dev/kmsg`, from "now" on.
+//!
+//! The Mem-Info free-area line ([`FreeArea`]) is the same text `fraglab fragment --profile` accepts,
+//! so a bug report's free lists become a lab target.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+pub const PATH: &str = "/dev/kmsg";
+
+/// A GFP mask as the kernel logs it: `0x40cc0(GFP_KERNEL|__GFP_COMP)`, or just `0x20` before v4.10
+/// added the names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Gfp {
+    pub mask: u64,
+    /// The names the kernel printed, in its order; empty when it printed none.
+    pub flags: Vec<String>,
+}
+
+impl Gfp {
+    /// Parse `0x40cc0(GFP_KERNEL|__GFP_COMP)`, `0x20`, or `0x0()`.
+    pub fn parse(text: &str) -> std::result::Result<Gfp, String> {
+        let text = text.trim();
+        let (hex, names) = match text.split_once('(') {
+            Some((hex, rest)) => {
+                let names = rest.strip_suffix(')').ok_or_else(|| format!("gfp {text:?}: unclosed '('"))?;
+                (hex, names)
+            }
+            None => (text, ""),
+        };
+        let digits = hex
+            .strip_prefix("0x")
+            .or_else(|| hex.strip_prefix("0X"))
+            .ok_or_else(|| format!("gfp {hex:?} is not 0x<hex>"))?;
+        let mask = u64::from_str_radix(digits, 16).map_err(|_| format!("gfp {hex:?} is not 0x<hex>"))?;
+        let flags = names.split('|').filter(|f| !f.is_empty()).map(str::to_string).collect();
+        Ok(Gfp { mask, flags })
+    }
+}
+
+impl std::fmt::Display for Gfp {
+    /// The kernel's own form, so a grouped report reads like the log it came from.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#x}", self.mask)?;
+        if !self.flags.is_empty() {
+            write!(f, "({})", self.flags.join("|"))?;
+        }
+        Ok(())
+    }
+}
+
+/// `warn_alloc()`'s first line: a page allocation that failed and was not `__GFP_NOWARN`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocFailureReport {
+    /// The task that allocated (`current->comm`, at most 15 bytes; may contain `/`, `:` and spaces).
+    pub comm: String,
+    pub order: u32,
+    /// Missing only when a wrapped line was cut before `mode:`.
+    pub gfp: Option<Gfp>,
+    /// `nodemask=(null)` on most reports; `0-1` when the caller restricted nodes.
+    pub nodemask: Option<String>,
+    pub cpuset: Option<String>,
+    pub mems_allowed: Option<String>,
+    /// The old `failure. order:1, mode:0x20` form (2.6.x kernels) rather than `failure: order:…`.
+    pub legacy_format: bool,
+}
+
+/// `<comm> invoked oom-killer: gfp_mask=0x…(…), order=N, oom_score_adj=N`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomInvoked {
+    pub comm: String,
+    pub gfp: Option<Gfp>,
+    pub order: Option<u32>,
+    /// `oom_score_adj` (or the 2.6 `oomkilladj`).
+    pub oom_score_adj: Option<i32>,
+}
+
+/// `Out of memory: Killed process 1234 (x) total-vm:…kB, anon-rss:…kB, …`, and the older
+/// `Killed process 1234 (x) …` line that followed `Out of memory: Kill process … or sacrifice child`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomKilled {
+    pub pid: u32,
+    pub comm: String,
+    /// The line itself says `Memory cgroup out of memory` (a cgroup limit, not the machine, ran out).
+    pub memcg: bool,
+    pub total_vm_kb: Option<u64>,
+    pub anon_rss_kb: Option<u64>,
+    pub file_rss_kb: Option<u64>,
+    pub shmem_rss_kb: Option<u64>,
+    pub oom_score_adj: Option<i32>,
+}
+
+/// A Mem-Info free-area line: `Node 0 Normal: 3277*4kB (UME) 1459*8kB (UME) ... 0*4096kB = 190636kB`.
+///
+/// `show_free_areas()` prints one per populated zone with every allocation failure and OOM kill:
+/// the count of free blocks of each order, the migrate types that have some (`U`nmovable,
+/// `M`ovable, `E` reclaimable, `H`ighatomic, `C`MA, `I`solate; `R`eserve before v4.4), and the sum.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeArea {
+    /// Printed only on NUMA kernels (`Node 0 Normal:`); `Normal:` alone otherwise.
+    pub node: Option<u32>,
+    /// `Normal`, `DMA32`, …; `None` for a bare `512*4kB ... = 3016kB` pasted without its zone.
+    pub zone: Option<String>,
+    /// The size of an order-0 block: the first entry's size (4 on x86, 16 or 64 on some arm64).
+    pub page_kb: u64,
+    /// `free[order]` = free blocks of that order.
+    pub free: Vec<u64>,
+    /// `types[order]` = the migrate-type letters printed after that order's count (`""` if none).
+    pub types: Vec<String>,
+    /// The kernel's sum after `=`, checked against the entries when present.
+    pub total_kb: Option<u64>,
+}
+
+impl FreeArea {
+    /// Parse a free-area line (the message only, no log prefix).
+    pub fn parse(text: &str) -> std::result::Result<FreeArea, String> {
+        let text = text.trim();
+        let (label, rest) = match text.split_once(':') {
+            Some((label, rest)) if !label.contains('*') => (Some(label.trim()), rest),
+            _ => (None, text),
+        };
+        let (node, zone) = match label {
+            None => (None, None),
+            Some(label) => match label.strip_prefix("Node ") {
+                Some(rest) => {
+                    let (n, zone) =
+                        rest.trim_start().split_once(' ').ok_or("expected \"Node <n> <zone>:\"")?;
+                    let n = n.parse().map_err(|_| format!("node {n:?} is not a number"))?;
+                    (Some(n), Some(zone.trim().to_string()))
+                }
+                None => (None, Some(label.to_string())),
+            },
+        };
+        if zone.as_deref().is_some_and(|z| z.is_empty() || z.contains(char::is_whitespace)) {
+            return Err(format!("{:?} is not a zone name", zone.unwrap_or_default()));
+        }
+        // The total after '=' is the kernel's own sum; it is checked, not trusted blindly.
+        let (areas, total) = match rest.split_once('=') {
+            Some((areas, total)) => (areas, Some(total.trim())),
+            None => (rest, None),
+        };
+        let mut free = Vec::new();
+        let mut types: Vec<String> = Vec::new();
+        let mut page_kb = 0u64;
+        for field in areas.split_whitespace() {
+            if let Some(letters) = field.strip_prefix('(') {
+                let letters = letters.strip_suffix(')').ok_or_else(|| format!("{field:?}: unclosed '('"))?;
+                let last = types.last_mut().ok_or_else(|| format!("{field:?} before any COUNT*SIZEkB"))?;
+                if !last.is_empty() {
+                    return Err(format!("{field:?}: a second migrate-type list for one order"));
+                }
+                *last = letters.to_string();
+                continue;
+            }
+            let (count, size) =
+                field.split_once('*').ok_or_else(|| format!("{field:?} is not COUNT*SIZEkB"))?;
+            let count: u64 = count.parse().map_err(|_| format!("{field:?}: {count:?} is not a count"))?;
+            let kb: u64 = size
+                .strip_suffix("kB")
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| format!("{field:?}: {size:?} is not a size in kB"))?;
+            if free.is_empty() {
+                // Real page sizes: 4kB (x86, most), 8kB (sparc64), 16kB and 64kB (arm64, ppc64).
+                if ![4, 8, 16, 64].contains(&kb) {
+                    return Err(format!("{field:?}: the first entry must be one page (4, 8, 16 or 64kB)"));
+                }
+                page_kb = kb;
+            }
+            let order = free.len();
+            if order >= 32 || kb != page_kb << order {
+                return Err(format!(
+                    "{field:?}: expected the order-{order} entry ({}kB) here",
+                    page_kb.checked_shl(order as u32).unwrap_or(0)
+                ));
+            }
+            free.push(count);
+            types.push(String::new());
+        }
+        if free.is_empty() {
+            return Err("no COUNT*SIZEkB entries found".into());
+        }
+        let total_kb = match total {
+            Some(total) => {
+                let total_kb: u64 = total
+                    .strip_suffix("kB")
+                    .and_then(|t| t.parse().ok())
+                    .ok_or_else(|| format!("total {total:?} is not a size in kB"))?;
+                let sum = free
+                    .iter()
+                    .enumerate()
+                    .try_fold(0u64, |acc, (o, &n)| acc.checked_add(n.checked_mul(page_kb << o)?))
+                    .ok_or("the entries overflow a 64-bit kB count")?;
+                if sum != total_kb {
+                    return Err(format!("the entries add up to {sum}kB but the line says = {total_kb}kB"));
+                }
+                Some(total_kb)
+            }
+            None => None,
+        };
+        Ok(FreeArea { node, zone, page_kb, free, types, total_kb })
+    }
+
+    /// The line as the kernel prints it: what `fraglab fragment --profile` takes.
+    pub fn to_line(&self) -> String {
+        let mut s = String::new();
+        if let Some(node) = self.node {
+            s.push_str(&format!("Node {node} "));
+        }
+        if let Some(zone) = &self.zone {
+            s.push_str(&format!("{zone}: "));
+        }
+        for (order, n) in self.free.iter().enumerate() {
+            s.push_str(&format!("{n}*{}kB ", self.page_kb << order));
+            if let Some(t) = self.types.get(order).filter(|t| !t.is_empty()) {
+                s.push_str(&format!("({t}) "));
+            }
+        }
+        s.push_str(&format!("= {}kB", self.total_kb.unwrap_or_else(|| self.free_kb())));
+        s
+    }
+
+    /// Free memory in these lists, in kB.
+    pub fn free_kb(&self) -> u64 {
+        self.free.iter().enumerate().map(|(o, &n)| n.saturating_mul(self.page_kb << o)).sum()
+    }
+
+    /// The highest order with a free block, if any.
+    pub fn max_free_order(&self) -> Option<usize> {
+        self.free.iter().rposition(|&n| n > 0)
+    }
+}
+
+/// One recognised kernel message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum KmsgEvent {
+    AllocFailure(AllocFailureReport),
+    OomInvoked(OomInvoked),
+    OomKilled(OomKilled),
+    /// `Out of memory and no killable processes...`: the OOM killer found no victim (the kernel
+    /// panics next when the allocation cannot fail).
+    OomNoVictim,
+    FreeArea(FreeArea),
+}
+
+const FAILURE: &str = ": page allocation failure";
+const INVOKED: &str = " invoked oom-killer";
+const KILLED: &str = "Killed process ";
+const NO_VICTIM: &str = "Out of memory and no killable processes";
+
+/// Recognise one kernel message (no timestamp or syslog prefix).
+///
+/// `Ok(None)` for every line that is none of ours; `Err` names what is wrong with a line that
+/// carries one of our markers but cannot be read, so a log format change is seen, not skipped.
+pub fn parse_message(message: &str) -> std::result::Result<Option<KmsgEvent>, String> {
+    let m = message.trim();
+    if let Some(i) = m.find(FAILURE) {
+        return parse_failure(&m[..i], &m[i + FAILURE.len()..]).map(|f| Some(KmsgEvent::AllocFailure(f)));
+    }
+    if let Some(i) = m.find(INVOKED) {
+        return parse_oom_invoked(&m[..i], &m[i + INVOKED.len()..]).map(|o| Some(KmsgEvent::OomInvoked(o)));
+    }
+    if m.starts_with(NO_VICTIM) {
+        return Ok(Some(KmsgEvent::OomNoVictim));
+    }
+    // "Killed process" opens the line (before v4.19 it followed "Out of memory: Kill process … or
+    // sacrifice child") or follows "…out of memory: " / "Out of memory (oom_kill_allocating_task): ".
+    if let Some(i) = m.find(KILLED) {
+        let before = &m[..i];
+        if before.is_empty()
+            || (before.ends_with(": ") && before.to_ascii_lowercase().contains("out of memory"))
+        {
+            let memcg = before.starts_with("Memory cgroup out of memory");
+            return parse_oom_killed(&m[i + KILLED.len()..], memcg).map(|k| Some(KmsgEvent::OomKilled(k)));
+        }
+        return Ok(None);
+    }
+    if looks_like_free_area(m) {
+        return FreeArea::parse(m).map(|f| Some(KmsgEvent::FreeArea(f)));
+    }
+    Ok(None)
+}
+
+/// `Node 0 Normal: 12*4kB …` or `Normal: 12*4kB …`: a zone label, then a first `COUNT*` entry.
+fn looks_like_free_area(m: &str) -> bool {
+    let Some((label, rest)) = m.split_once(": ") else { return false };
+    let label = label.strip_prefix("Node ").map_or(label, |r| {
+        r.trim_start()
+            .split_once(' ')
+            .map_or("", |(n, z)| if n.bytes().all(|b| b.is_ascii_digit()) { z } else { "" })
+    });
+    let zone_ok = !label.is_empty() && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    let first = rest.split_whitespace().next().unwrap_or("");
+    zone_ok
+        && first.split_once('*').is_some_and(|(n, size)| {
+            !n.is_empty()
+                && n.bytes().all(|b| b.is_ascii_digit())
+                && size.starts_with(|c: char| c.is_ascii_digit())
+        })
+}
+
+fn parse_failure(comm: &str, rest: &str) -> std::result::Result<AllocFailureReport, String> {
+    let comm = comm.trim();
+    if comm.is_empty() {
+        return Err("no task name before \"page allocation failure\"".into());
+    }
+    let (legacy_format, rest) = match rest.chars().next() {
+        Some(':') => (false, &rest[1..]),
+        Some('.') => (true, &rest[1..]),
+        _ => return Err("expected ':' or '.' after \"page allocation failure\"".into()),
+    };
+    let rest = rest.trim_start();
+    let after =
+        rest.strip_prefix("order:").ok_or("expected \"order:N\" after \"page allocation failure\"")?;
+    let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+    let order: u32 =
+        after[..digits].parse().map_err(|_| format!("order {:?} is not a number", &after[..digits]))?;
+    if order >= 64 {
+        return Err(format!("order {order}: no kernel allocates 2^{order} pages"));
+    }
+    let after = &after[digits..];
+    let gfp = match after.find("mode:") {
+        Some(i) => {
+            let mode = &after[i + "mode:".len()..];
+            // The mask runs to the ',' before nodemask (names hold no ','), or to the end.
+            let end = mode.find(',').unwrap_or(mode.len());
+            Some(Gfp::parse(&mode[..end]).map_err(|e| format!("mode: {e}"))?)
+        }
+        None if after.trim().trim_end_matches(',').is_empty() => None,
+        None => return Err(format!("expected \", mode:0x…\" after order:{order}")),
+    };
+    Ok(AllocFailureReport {
+        comm: comm.to_string(),
+        order,
+        gfp,
+        nodemask: field_value(after, "nodemask=", &["cpuset=", "mems_allowed="]),
+        cpuset: field_value(after, "cpuset=", &["mems_allowed="]),
+        mems_allowed: field_value(after, "mems_allowed=", &[]),
+        legacy_format,
+    })
+}
+
+/// The value of `key=` in a `, `- or `,`-separated list, ending where one of `next` keys begins
+/// (values such as `mems_allowed=0-1,3` contain commas).
+fn field_value(text: &str, key: &str, next: &[&str]) -> Option<String> {
+    let start = text.find(key)? + key.len();
+    let rest = &text[start..];
+    let end = next.iter().filter_map(|k| rest.find(k)).min().unwrap_or(rest.len());
+    Some(rest[..end].trim().trim_end_matches(',').trim().to_string())
+}
+
+fn parse_oom_invoked(comm: &str, rest: &str) -> std::result::Result<OomInvoked, String> {
+    let comm = comm.trim();
+    if comm.is_empty() {
+        return Err("no task name before \"invoked oom-killer\"".into());
+    }
+    let rest = rest.trim_start_matches(':').trim();
+    let mut out = OomInvoked { comm: comm.to_string(), gfp: None, order: None, oom_score_adj: None };
+    for part in rest.split(", ") {
+        let Some((key, value)) = part.split_once('=') else { continue };
+        let value = value.trim().trim_end_matches(',');
+        match key.trim() {
+            "gfp_mask" => out.gfp = Some(Gfp::parse(value).map_err(|e| format!("gfp_mask: {e}"))?),
+            "order" => {
+                out.order = Some(value.parse().map_err(|_| format!("order {value:?} is not a number"))?)
+            }
+            "oom_score_adj" | "oomkilladj" => {
+                out.oom_score_adj =
+                    Some(value.parse().map_err(|_| format!("{key} {value:?} is not a number"))?)
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+fn parse_oom_killed(rest: &str, memcg: bool) -> std::result::Result<OomKilled, String> {
+    let (pid, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+    let pid: u32 = pid.trim_end_matches(',').parse().map_err(|_| format!("pid {pid:?} is not a number"))?;
+    let rest = rest.trim_start().strip_prefix('(').ok_or("expected \"(comm)\" after the pid")?;
+    // comm may itself hold ") ", so the name ends at the last ')' before the first field.
+    let fields_at = rest.find(" total-vm:").or_else(|| rest.find(", ")).unwrap_or(rest.len());
+    let close = rest[..fields_at].rfind(')').ok_or("expected ')' after the task name")?;
+    let mut out = OomKilled {
+        pid,
+        comm: rest[..close].to_string(),
+        memcg,
+        total_vm_kb: None,
+        anon_rss_kb: None,
+        file_rss_kb: None,
+        shmem_rss_kb: None,
+        oom_score_adj: None,
+    };
+    for token in rest[close + 1..].split(|c: char| c == ',' || c.is_whitespace()) {
+        let Some((key, value)) = token.split_once(':') else { continue };
+        let kb = || value.strip_suffix("kB").and_then(|v| v.parse().ok());
+        match key {
+            "total-vm" => out.total_vm_kb = kb(),
+            "anon-rss" => out.anon_rss_kb = kb(),
+            "file-rss" => out.file_rss_kb = kb(),
+            "shmem-rss" => out.shmem_rss_kb = kb(),
+            "oom_score_adj" => out.oom_score_adj = value.parse().ok(),
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// A saved log line with its prefixes taken off.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogLine<'a> {
+    /// Seconds since boot, from a `[  123.456789]` prefix or a journal's monotonic timestamp.
+    pub timestamp: Option<f64>,
+    /// The kernel's message as printed (leading blanks kept: they mark continuation lines).
+    pub message: std::borrow::Cow<'a, str>,
+}
+
+/// Take off what dmesg, syslog, journalctl or a serial console put before the kernel's message.
+///
+/// Handled, in the order they can be stacked: `<4>` priority; journalctl `-o export`
+/// (`MESSAGE=…`) and `-o json` lines; a syslog date (`Nov  3 10:00:01`, with or without a
+/// fraction, or ISO 8601 `2024-11-03T10:00:01+0000`), then `host kernel: ` (or `kernel: ` alone);
+/// dmesg `-x` (`kern  :warn  : `); the `[  123.456789]` timestamp (or dmesg `-T`'s
+/// `[Mon Nov  3 10:00:01 2025]`) and a `[  T460]` caller id.
+pub fn split_log_line(line: &str) -> LogLine<'_> {
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    if let Some(msg) = line.strip_prefix("MESSAGE=") {
+        return split_log_line(msg);
+    }
+    if line.starts_with('{') {
+        if let Some(parsed) = journal_json(line) {
+            return parsed;
+        }
+    }
+    let mut rest = strip_priority(line);
+    if let Some(r) = strip_syslog_date(rest) {
+        rest = r;
+        // `host kernel: ` after the date; a serial console log has the dmesg timestamp right away.
+        if let Some((host, r)) = rest.split_once(' ') {
+            if !host.starts_with('[') {
+                if let Some(r) = r.strip_prefix("kernel:") {
+                    rest = r.strip_prefix(' ').unwrap_or(r);
+                }
+            }
+        }
+    }
+    if let Some(r) = rest.strip_prefix("kernel:") {
+        rest = r.strip_prefix(' ').unwrap_or(r);
+    }
+    rest = strip_dmesg_decode(rest);
+    let mut timestamp = None;
+    let mut stamped = false;
+    if let Some((inside, r)) = bracket(rest) {
+        let t = inside.trim();
+        if !t.is_empty() && t.contains('.') && t.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            timestamp = t.parse::<f64>().ok();
+            stamped = timestamp.is_some();
+        } else {
+            stamped = looks_like_clock(t);
+        }
+        if stamped {
+            rest = r;
+        }
+    }
+    if stamped {
+        // `[  T460]` / `[    C0]`: CONFIG_PRINTK_CALLER's task or CPU id.
+        if let Some((inside, r)) = bracket(rest.trim_start()) {
+            let t = inside.trim();
+            if t.len() > 1
+                && (t.starts_with('T') || t.starts_with('C'))
+                && t[1..].bytes().all(|b| b.is_ascii_digit())
+            {
+                rest = r;
+            }
+        }
+        rest = rest.strip_prefix(' ').unwrap_or(rest);
+    }
+    LogLine { timestamp, message: std::borrow::Cow::Borrowed(rest) }
+}
+
+/// `[inside]rest` at the start of `s`.
+fn bracket(s: &str) -> Option<(&str, &str)> {
+    let inner = s.strip_prefix('[')?;
+    let close = inner.find(']')?;
+    Some((&inner[..close], &inner[close + 1..]))
+}
+
+/// `<4>` (dmesg -r, or a syslog line kept raw).
+fn strip_priority(s: &str) -> &str {
+    if let Some(inner) = s.strip_prefix('<') {
+        if let Some(close) = inner.find('>') {
+            if close > 0 && close <= 3 && inner[..close].bytes().all(|b| b.is_ascii_digit()) {
+                return &inner[close + 1..];
+            }
+        }
+    }
+    s
+}
+
+/// `hh:mm:ss` somewhere in a bracket: dmesg -T's human time, in whatever locale.
+fn looks_like_clock(s: &str) -> bool {
+    s.split_whitespace().any(|w| {
+        let p: Vec<&str> = w.split(':').collect();
+        p.len() == 3 && p.iter().all(|x| x.len() == 2 && x.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+/// `Nov  3 10:00:01 ` (optionally `.123456`) or `2024-11-03T10:00:01.123+0000 `; the rest after it.
+fn strip_syslog_date(s: &str) -> Option<&str> {
+    const MONTHS: [&str; 12] =
+        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    let b = s.as_bytes();
+    if b.len() > 20 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-' && b[7] == b'-' && b[10] == b'T'
+    {
+        let end = s.find(' ')?;
+        return Some(&s[end + 1..]);
+    }
+    if s.len() < 16 || !MONTHS.iter().any(|m| s.starts_with(m)) || b[3] != b' ' {
+        return None;
+    }
+    let rest = s[4..].trim_start();
+    let (day, rest) = rest.split_once(' ')?;
+    if day.is_empty() || day.len() > 2 || !day.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (time, rest) = rest.split_once(' ')?;
+    let hms = time.split('.').next()?;
+    looks_like_clock(hms).then_some(rest)
+}
+
+/// dmesg `-x`: `kern  :warn  : `.
+fn strip_dmesg_decode(s: &str) -> &str {
+    const FACILITIES: [&str; 20] = [
+        "kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "cron", "authpriv", "ftp",
+        "local0", "local1", "local2", "local3", "local4", "local5", "local6", "local7",
+    ];
+    const LEVELS: [&str; 8] = ["emerg", "alert", "crit", "err", "warn", "notice", "info", "debug"];
+    let Some((fac, rest)) = s.split_once(':') else { return s };
+    if !FACILITIES.contains(&fac.trim_end()) {
+        return s;
+    }
+    let Some((level, rest)) = rest.split_once(':') else { return s };
+    if !LEVELS.contains(&level.trim_end()) {
+        return s;
+    }
+    rest.strip_prefix(' ').unwrap_or(rest)
+}
+
+/// journalctl `-o json`: the `MESSAGE` field and `_SOURCE_MONOTONIC_TIMESTAMP` (µs since boot).
+fn journal_json(line: &str) -> Option<LogLine<'static>> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let message = v.get("MESSAGE")?.as_str()?.to_string();
+    let timestamp = v
+        .get("_SOURCE_MONOTONIC_TIMESTAMP")
+        .and_then(|t| t.as_str())
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(|us| us as f64 / 1e6);
+    Some(LogLine { timestamp, message: std::borrow::Cow::Owned(message) })
+}
+
+/// [`split_log_line`] then [`parse_message`].
+pub fn parse_line(line: &str) -> std::result::Result<Option<KmsgEvent>, String> {
+    parse_message(&split_log_line(line).message)
+}
+
+/// One event found in a saved log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Found {
+    /// 1-based line number (the first line, when a wrapped line was joined).
+    pub line: usize,
+    pub timestamp: Option<f64>,
+    /// The kernel's message, prefixes removed (wrapped lines joined with a space).
+    pub message: String,
+    pub event: KmsgEvent,
+}
+
+/// What [`scan_log`] found in a saved log.
+#[derive(Debug, Default)]
+pub struct LogScan {
+    pub lines: usize,
+    pub events: Vec<Found>,
+    /// Lines that carry one of our markers but could not be read; each names the file and line.
+    pub warnings: Vec<Error>,
+}
+
+/// Read every event out of a saved dmesg / syslog / journal export; `path` names it in warnings.
+///
+/// A free-area line cut by a mail client or terminal (`… 0*512kB` / `0*1024kB … = 16832kB`) is
+/// joined with the following lines until it has its `= total`; anything still unreadable becomes
+/// a warning, never a failure of the whole scan — bug-report logs are rarely clean.
+pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
+    let path = path.as_ref();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = LogScan { lines: lines.len(), ..LogScan::default() };
+    let mut i = 0;
+    while i < lines.len() {
+        let split = split_log_line(lines[i]);
+        let mut message = split.message.trim().to_string();
+        let mut used = 1;
+        if looks_like_free_area(&message) && !message.contains('=') {
+            // At most a few continuation lines: a whole free-area line is ~200 characters.
+            while used < 4 && i + used < lines.len() {
+                let next = split_log_line(lines[i + used]).message.trim().to_string();
+                if next.is_empty() || !next.starts_with(|c: char| c.is_ascii_digit() || c == '(' || c == '=')
+                {
+                    break;
+                }
+                message = format!("{message} {next}");
+                used += 1;
+                if message.contains('=') && !message.trim_end().ends_with('=') {
+                    break;
+                }
+            }
+            if FreeArea::parse(&message).is_err() {
+                // Joining made it no better: read the first line alone and report that.
+                message = split.message.trim().to_string();
+                used = 1;
+            }
+        }
+        match parse_message(&message) {
+            Ok(Some(event)) => {
+                out.events.push(Found { line: i + 1, timestamp: split.timestamp, message, event });
+            }
+            Ok(None) => {}
+            Err(reason) => out.warnings.push(Error::parse(path, i + 1, lines[i], reason)),
+        }
+        i += used;
+    }
+    out
+}
+
+/// One `/dev/kmsg` record: `prio,seq,ts_usec,flags;message`, then ` KEY=value` dictionary lines.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KmsgRecord {
+    /// Syslog facility (0 = kernel; messages written to /dev/kmsg by user space are 1).
+    pub facility: u8,
+    /// Log level, 0 (emerg) … 7 (debug).
+    pub level: u8,
+    pub seq: u64,
+    /// Microseconds since boot (the printk clock, `local_clock()`).
+    pub ts_usec: u64,
+    /// The `c` flag: the record opens a continued line (`-` otherwise).
+    pub continued: bool,
+    /// The message with the kernel's `\xNN` escapes undone.
+    pub message: String,
+    /// ` SUBSYSTEM=acpi`-style dictionary lines, without the leading blank.
+    pub dict: Vec<String>,
+}
+
+impl KmsgRecord {
+    /// Parse one record as read from `/dev/kmsg` (one `read()` returns exactly one).
+    pub fn parse(raw: &str) -> std::result::Result<KmsgRecord, String> {
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let (first, dict) = match raw.split_once('\n') {
+            Some((first, dict)) => (first, dict),
+            None => (raw, ""),
+        };
+        let (prefix, message) = first.split_once(';').ok_or("expected \"prio,seq,ts_usec,flags;message\"")?;
+        let mut fields = prefix.split(',');
+        let mut next = |what: &str| fields.next().ok_or_else(|| format!("missing {what} before ';'"));
+        let prio: u32 =
+            next("prio").and_then(|p| p.parse().map_err(|_| format!("prio {p:?} is not a number")))?;
+        let seq: u64 =
+            next("seq").and_then(|p| p.parse().map_err(|_| format!("seq {p:?} is not a number")))?;
+        let ts_usec: u64 =
+            next("ts_usec").and_then(|p| p.parse().map_err(|_| format!("ts_usec {p:?} is not a number")))?;
+        let flags = next("flags")?;
+        // Later kernels may append fields (caller id): only the first four are ours.
+        let facility = u8::try_from(prio >> 3).map_err(|_| format!("prio {prio} is out of range"))?;
+        Ok(KmsgRecord {
+            facility,
+            level: (prio & 7) as u8,
+            seq,
+            ts_usec,
+            continued: flags.contains('c'),
+            message: unescape(message),
+            dict: dict.lines().map(|l| l.trim_start().to_string()).filter(|l| !l.is_empty()).collect(),
+        })
+    }
+
+    /// The record's event, if it is one of ours.
+    pub fn event(&self) -> std::result::Result<Option<KmsgEvent>, String> {
+        parse_message(&self.message)
+    }
+
+    /// The record as `dmesg` prints it: `[  123.456789] message`, for a saved kmsg.log.
+    pub fn to_dmesg_line(&self) -> String {
+        format!("[{:5}.{:06}] {}", self.ts_usec / 1_000_000, self.ts_usec % 1_000_000, self.message)
+    }
+}
+
+/// Undo `/dev/kmsg`'s `\xNN` escaping of non-printable bytes (and of `\` itself).
+fn unescape(s: &str) -> String {
+    if !s.contains("\\x") {
+        return s.to_string();
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() && b[i + 1] == b'x' {
+            if let Ok(v) = u8::from_str_radix(std::str::from_utf8(&b[i + 2..i + 4]).unwrap_or("zz"), 16) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Follows `/dev/kmsg` from the moment it was opened: earlier records are never returned.
+pub struct KmsgWatcher {
+    file: File,
+    records: usize,
+    lost: u64,
+}
+
+impl KmsgWatcher {
+    /// Open `/dev/kmsg` non-blocking and seek to its end (root or CAP_SYSLOG when
+    /// `kernel.dmesg_restrict` is set).
+    pub fn open() -> Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let io = |source| Error::Io { path: PATH.into(), source };
+        let file =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(PATH).map_err(io)?;
+        // SEEK_END on /dev/kmsg means "after the newest record" (devkmsg_llseek); a std Seek would
+        // work too, but the kernel defines only this whence, offset 0, so say exactly that.
+        if unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_END) } < 0 {
+            return Err(io(std::io::Error::last_os_error()));
+        }
+        Ok(KmsgWatcher { file, records: 0, lost: 0 })
+    }
+
+    /// Every record logged since the last call (or since [`KmsgWatcher::open`]); never blocks.
+    pub fn read_available(&mut self) -> Result<Vec<KmsgRecord>> {
+        // A record is at most PRINTK_MESSAGE_MAX (2048) plus dictionary; 8 KiB is devkmsg's own size.
+        let mut buf = vec![0u8; 8192];
+        let mut out = Vec::new();
+        loop {
+            match self.file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.records += 1;
+                    let raw = String::from_utf8_lossy(&buf[..n]);
+                    let record = KmsgRecord::parse(&raw).map_err(|reason| {
+                        Error::parse(PATH, self.records, &raw, format!("record {}: {reason}", self.records))
+                    })?;
+                    out.push(record);
+                }
+                // The ring buffer overwrote records before they were read: count and go on.
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => self.lost += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(source) => return Err(Error::Io { path: PATH.into(), source }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Wait up to `timeout` for a new record; `true` if one is there.
+    pub fn wait(&self, timeout: Duration) -> Result<bool> {
+        let mut pfd = libc::pollfd { fd: self.file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(Error::Io { path: PATH.into(), source: e });
+        }
+        Ok(n > 0 && pfd.revents & libc::POLLIN != 0)
+    }
+
+    /// How many times records were overwritten before they could be read.
+    pub fn lost(&self) -> u64 {
+        self.lost
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescape_tab_and_backslash() {
+        assert_eq!(unescape("\\x09RCU"), "\tRCU");
+        assert_eq!(unescape("a\\x5cb"), "a\\b");
+        assert_eq!(unescape("end\\x0"), "end\\x0");
+    }
+
+    #[test]
+    fn clock_shapes() {
+        assert!(looks_like_clock("Mon Nov  3 10:00:01 2025"));
+        assert!(!looks_like_clock("3225.313209"));
+    }
+}

@@ -1,0 +1,1197 @@
+//! Catching failed page allocations in the kernel: `kmem:mm_page_alloc` in a tracefs instance.
+//!
+//! A failed allocation still fires `mm_page_alloc`, with a NULL page: its raw `pfn` is `-1UL` and it
+//! prints as
+//!
+//! ```text
+//! Xorg-12717   [002] .....  3225.313209: mm_page_alloc: page=0000000000000000 pfn=0x0 order=4 migratetype=0 gfp_flags=GFP_KERNEL|__GFP_COMP
+//! ```
+//!
+//! so the filter `order >= N && pfn == 18446744073709551615` keeps exactly the failures of order ≥ N
+//! (`pfn == -1` is refused by the filter parser, "Illegal integer value"). A
+//! `stacktrace if <same filter>` trigger adds the call chain as a `<stack trace>` entry followed by
+//! ` => function` lines. Unlike `warn_alloc()`'s kernel log report, this sees `__GFP_NOWARN`
+//! allocations too — the ones that fall back quietly (TCP's order-3 page frags, pipe buffers, slab
+//! pages) and that a fragmentation regression slows down without a single log line.
+//!
+//! Everything lives in an instance of our own (`instances/fraglab-<pid>`): the global buffer,
+//! `tracing_on` and `current_tracer` that someone else may be using are never touched. The instance
+//! is removed on [`Catcher::stop`], on drop and on every error path; tracefs is mounted if it was
+//! not, and unmounted again only by the process that mounted it.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Where tracefs is mounted when nothing mounted it elsewhere.
+pub const DEFAULT_ROOT: &str = "/sys/kernel/tracing";
+/// The raw `pfn` of a failed allocation: `-1UL` as the filter parser needs it written.
+pub const FAILED_PFN: u64 = u64::MAX;
+/// How long a failure waits for its `<stack trace>` entry before it is handed out without one.
+const STACK_WAIT: Duration = Duration::from_secs(1);
+
+/// The filter that keeps failed allocations of order ≥ `min_order`.
+pub fn failure_filter(min_order: u32) -> String {
+    format!("order >= {min_order} && pfn == {FAILED_PFN}")
+}
+
+/// The migrate type names for the values `mm_page_alloc` prints, on kernels ≥ v4.4 (before that,
+/// 3 was `Reserve`); 4 and up depend on CONFIG_CMA and CONFIG_MEMORY_ISOLATION.
+pub fn migratetype_name(migratetype: i32) -> Option<&'static str> {
+    ["Unmovable", "Movable", "Reclaimable", "HighAtomic"].get(usize::try_from(migratetype).ok()?).copied()
+}
+
+/// One `mm_page_alloc` event: a failure, unless the catcher was asked for successes too.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AllocFailure {
+    /// Seconds on the instance's trace clock (`mono`, i.e. CLOCK_MONOTONIC, when the kernel has it;
+    /// see [`Catcher::clock`]).
+    pub time: f64,
+    pub cpu: u32,
+    /// The allocating task (`comm`), as the tracer saw it: `<...>` when its name was not cached.
+    pub comm: String,
+    pub pid: i32,
+    pub order: u32,
+    pub migratetype: i32,
+    /// The names `__print_flags` printed, in order (`["GFP_KERNEL", "__GFP_COMP"]`); empty for `none`.
+    pub gfp_flags: Vec<String>,
+    /// Bits no name covered, which the kernel prints as a trailing `|0x…`.
+    pub gfp_residue: Option<u64>,
+    /// The whole mask, when the names could be mapped through the event's format file.
+    pub gfp_mask: Option<u64>,
+    /// The page was NULL (`page=0000000000000000`/`(null)` and `pfn=0`).
+    pub failed: bool,
+    /// The page frame of a successful allocation.
+    pub pfn: Option<u64>,
+    /// The call chain from the `stacktrace` trigger, innermost first (`trace_event_raw_event_…`
+    /// and the allocator's own frames included, as the kernel printed them).
+    pub stack: Vec<String>,
+    /// The event line as read.
+    pub line: String,
+}
+
+/// The part of a trace line before the event: `python3-4567    [001] .....  1717.479162: `.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceHeader {
+    pub comm: String,
+    pub pid: i32,
+    pub cpu: u32,
+    pub time: f64,
+}
+
+/// Split a trace line into its header, the event name (`mm_page_alloc`, or `<stack trace>`) and the
+/// payload after `name: `.
+pub fn parse_trace_line(line: &str) -> std::result::Result<(TraceHeader, &str, &str), String> {
+    // The timestamp is the first token that is `digits.digits` followed by ": ".
+    let mut at = None;
+    for (i, _) in line.match_indices(": ") {
+        let start = line[..i].rfind(' ').map_or(0, |s| s + 1);
+        let token = &line[start..i];
+        if token.contains('.') && token.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            at = Some((start, i));
+            break;
+        }
+    }
+    let (ts_start, ts_end) = at.ok_or("no \"<seconds>.<fraction>: \" timestamp")?;
+    let time: f64 = line[ts_start..ts_end].parse().map_err(|_| "timestamp is not a number".to_string())?;
+    let head = line[..ts_start].trim();
+    // `comm-pid [cpu] flags`, or with record-tgid `comm-pid (tgid) [cpu] flags`; flags are absent
+    // when the irq-info option is off.
+    let open = head.rfind('[').ok_or("no [cpu] before the timestamp")?;
+    let close = head[open..].find(']').ok_or("unclosed [cpu]")? + open;
+    let cpu: u32 = head[open + 1..close].trim().parse().map_err(|_| "cpu is not a number".to_string())?;
+    let mut task = head[..open].trim_end();
+    if task.ends_with(')') {
+        if let Some(p) = task.rfind('(') {
+            task = task[..p].trim_end();
+        }
+    }
+    let (comm, pid) = task.rsplit_once('-').ok_or("expected <comm>-<pid>")?;
+    let pid: i32 = pid.parse().map_err(|_| format!("pid {pid:?} is not a number"))?;
+    let body = &line[ts_end + 2..];
+    let (name, payload) = match body.split_once(": ") {
+        Some((name, payload)) if !name.contains(' ') => (name, payload),
+        _ => (body.trim_end(), ""),
+    };
+    Ok((TraceHeader { comm: comm.trim().to_string(), pid, cpu, time }, name, payload))
+}
+
+/// The fields of an `mm_page_alloc` payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocPayload {
+    pub failed: bool,
+    pub pfn: u64,
+    pub order: u32,
+    pub migratetype: i32,
+    pub gfp_flags: Vec<String>,
+    pub gfp_residue: Option<u64>,
+}
+
+/// Parse `page=0000000000000000 pfn=0x0 order=4 migratetype=0 gfp_flags=GFP_KERNEL|__GFP_COMP`.
+///
+/// Older kernels print `pfn=` in decimal (before v5.14) and a NULL page as `(null)` (before v4.15);
+/// both are read.
+pub fn parse_alloc_payload(payload: &str) -> std::result::Result<AllocPayload, String> {
+    let mut page = None;
+    let (mut pfn, mut order, mut migratetype, mut gfp) = (None, None, None, None);
+    let mut tokens = payload.split_whitespace().peekable();
+    while let Some(token) = tokens.next() {
+        let Some((key, value)) = token.split_once('=') else { continue };
+        match key {
+            // `page=%p` of NULL: zeros (hashed or not), or `(null)` padded into the next token.
+            "page" if value.is_empty() => page = tokens.next_if(|t| *t == "(null)").map(|_| true),
+            "page" => page = Some(value == "(null)" || value.bytes().all(|b| b == b'0')),
+            "pfn" => {
+                pfn = Some(
+                    match value.strip_prefix("0x") {
+                        Some(hex) => u64::from_str_radix(hex, 16),
+                        None => value.parse(),
+                    }
+                    .map_err(|_| format!("pfn {value:?} is not a number"))?,
+                )
+            }
+            "order" => order = Some(value.parse().map_err(|_| format!("order {value:?} is not a number"))?),
+            "migratetype" => {
+                migratetype =
+                    Some(value.parse().map_err(|_| format!("migratetype {value:?} is not a number"))?)
+            }
+            "gfp_flags" => gfp = Some(value),
+            _ => {}
+        }
+    }
+    let pfn = pfn.ok_or("no pfn=")?;
+    let order = order.ok_or("no order=")?;
+    let migratetype = migratetype.ok_or("no migratetype=")?;
+    let gfp = gfp.ok_or("no gfp_flags=")?;
+    let (gfp_flags, gfp_residue) = split_gfp_names(gfp)?;
+    Ok(AllocPayload {
+        failed: page.unwrap_or(false) && pfn == 0,
+        pfn,
+        order,
+        migratetype,
+        gfp_flags,
+        gfp_residue,
+    })
+}
+
+/// `GFP_KERNEL|__GFP_COMP|0x100000` → names and the hex residue; `none` → nothing.
+fn split_gfp_names(text: &str) -> std::result::Result<(Vec<String>, Option<u64>), String> {
+    let mut names = Vec::new();
+    let mut residue = None;
+    if text == "none" {
+        return Ok((names, residue));
+    }
+    for part in text.split('|').filter(|p| !p.is_empty()) {
+        match part.strip_prefix("0x") {
+            Some(hex) => {
+                residue = Some(u64::from_str_radix(hex, 16).map_err(|_| format!("gfp residue {part:?}"))?)
+            }
+            None => names.push(part.to_string()),
+        }
+    }
+    Ok((names, residue))
+}
+
+/// Parse a whole `mm_page_alloc` trace line (without its stack).
+pub fn parse_alloc_line(line: &str) -> std::result::Result<AllocFailure, String> {
+    let (h, name, payload) = parse_trace_line(line)?;
+    if name != "mm_page_alloc" {
+        return Err(format!("event {name:?} is not mm_page_alloc"));
+    }
+    let p = parse_alloc_payload(payload)?;
+    Ok(AllocFailure {
+        time: h.time,
+        cpu: h.cpu,
+        comm: h.comm,
+        pid: h.pid,
+        order: p.order,
+        migratetype: p.migratetype,
+        gfp_flags: p.gfp_flags,
+        gfp_residue: p.gfp_residue,
+        gfp_mask: None,
+        failed: p.failed,
+        pfn: (!p.failed).then_some(p.pfn),
+        stack: Vec::new(),
+        line: line.to_string(),
+    })
+}
+
+/// One `mm_page_alloc_extfrag` event: an allocation that took pages from another migrate type's
+/// free list, the way fragmentation spreads.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extfrag {
+    pub alloc_order: u32,
+    pub fallback_order: u32,
+    pub alloc_migratetype: i32,
+    pub fallback_migratetype: i32,
+    /// The fallback block was smaller than a pageblock: types now mix inside one pageblock.
+    pub fragmenting: bool,
+    /// The whole pageblock changed owner.
+    pub change_ownership: bool,
+}
+
+/// Parse `page=… pfn=0x348c00 alloc_order=2 fallback_order=10 pageblock_order=9 alloc_migratetype=2
+/// fallback_migratetype=1 fragmenting=0 change_ownership=1`.
+pub fn parse_extfrag_payload(payload: &str) -> std::result::Result<Extfrag, String> {
+    let mut f: BTreeMap<&str, i64> = BTreeMap::new();
+    for token in payload.split_whitespace() {
+        if let Some((k, v)) = token.split_once('=') {
+            if let Ok(v) = v.parse() {
+                f.insert(k, v);
+            }
+        }
+    }
+    let get = |k: &str| f.get(k).copied().ok_or_else(|| format!("no {k}="));
+    let u = |k: &str| get(k).and_then(|v| u32::try_from(v).map_err(|_| format!("{k}={v} is out of range")));
+    let i = |k: &str| get(k).and_then(|v| i32::try_from(v).map_err(|_| format!("{k}={v} is out of range")));
+    Ok(Extfrag {
+        alloc_order: u("alloc_order")?,
+        fallback_order: u("fallback_order")?,
+        alloc_migratetype: i("alloc_migratetype")?,
+        fallback_migratetype: i("fallback_migratetype")?,
+        fragmenting: get("fragmenting")? != 0,
+        change_ownership: get("change_ownership")? != 0,
+    })
+}
+
+/// `mm_page_alloc_extfrag` counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtfragCounts {
+    pub events: u64,
+    pub fragmenting: u64,
+    pub changed_ownership: u64,
+    /// Events per requested order.
+    pub by_alloc_order: BTreeMap<u32, u64>,
+}
+
+impl ExtfragCounts {
+    pub fn add(&mut self, e: &Extfrag) {
+        self.events += 1;
+        self.fragmenting += u64::from(e.fragmenting);
+        self.changed_ownership += u64::from(e.change_ownership);
+        *self.by_alloc_order.entry(e.alloc_order).or_default() += 1;
+    }
+}
+
+/// The GFP names of the running kernel and their values, read from the `__print_flags` table in
+/// `mm_page_alloc`'s format file, so a symbolic `gfp_flags` can be turned back into the mask that
+/// kernel log reports print (`mode:0x40cc0`). Bit positions moved between kernel versions; the
+/// table is the running kernel's own.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GfpTable {
+    pub names: BTreeMap<String, u64>,
+}
+
+impl GfpTable {
+    /// Read the table out of a format file's `print fmt:` line.
+    pub fn from_format(format: &str) -> std::result::Result<GfpTable, String> {
+        let start = format.find("__print_flags(").ok_or("no __print_flags( in the format")?;
+        let body = &format[start + "__print_flags(".len()..];
+        // Skip the value and the delimiter arguments: the table starts at the first '{'.
+        let mut rest = &body[body.find('{').ok_or("no flag table")?..];
+        let mut names = BTreeMap::new();
+        while let Some(open) = rest.find('{') {
+            let mut depth = 0i32;
+            let mut close = None;
+            for (i, c) in rest[open..].char_indices() {
+                match c {
+                    '{' | '(' => depth += 1,
+                    '}' | ')' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 {
+                    close = Some(open + i);
+                    break;
+                }
+            }
+            let close = close.ok_or("unbalanced flag table")?;
+            let entry = &rest[open + 1..close];
+            rest = &rest[close + 1..];
+            let Some(comma) = entry.rfind(", \"") else { break };
+            let name = entry[comma + 3..].trim().trim_end_matches('"');
+            if let Ok(value) = eval_c(&entry[..comma]) {
+                names.insert(name.to_string(), value);
+            }
+            // The `{ 0, ((void *)0) }` / `{ -1, NULL }` terminator has no quoted name.
+            if !rest.trim_start().starts_with(',') {
+                break;
+            }
+        }
+        if names.is_empty() {
+            return Err("the flag table named no flag".into());
+        }
+        Ok(GfpTable { names })
+    }
+
+    /// The mask behind printed names plus residue; `None` if a name is unknown to this table.
+    pub fn mask(&self, flags: &[String], residue: Option<u64>) -> Option<u64> {
+        flags.iter().try_fold(residue.unwrap_or(0), |m, f| self.names.get(f).map(|v| m | v))
+    }
+}
+
+/// Evaluate the constant C expressions of a `__print_flags` table: integers (with `UL`-style
+/// suffixes), `~ << >> & | + -`, parentheses and casts such as `( gfp_t)` or `( unsigned long)`.
+fn eval_c(expr: &str) -> std::result::Result<u64, String> {
+    #[derive(Clone, Debug, PartialEq)]
+    enum T {
+        Num(u64),
+        Id(String),
+        Op(&'static str),
+    }
+    let mut toks = Vec::new();
+    let b = expr.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i] as char;
+        if c.is_whitespace() {
+            i += 1;
+        } else if c.is_ascii_digit() {
+            let s = i;
+            while i < b.len() && (b[i] as char).is_ascii_alphanumeric() {
+                i += 1;
+            }
+            let lit = expr[s..i].trim_end_matches(['u', 'U', 'l', 'L']);
+            let v = match lit.strip_prefix("0x").or_else(|| lit.strip_prefix("0X")) {
+                Some(h) => u64::from_str_radix(h, 16),
+                None => lit.parse(),
+            }
+            .map_err(|_| format!("bad number {:?}", &expr[s..i]))?;
+            toks.push(T::Num(v));
+        } else if c.is_ascii_alphabetic() || c == '_' {
+            let s = i;
+            while i < b.len() && ((b[i] as char).is_ascii_alphanumeric() || b[i] == b'_') {
+                i += 1;
+            }
+            toks.push(T::Id(expr[s..i].to_string()));
+        } else {
+            let two = expr.get(i..i + 2).unwrap_or("");
+            let op = match (two, c) {
+                ("<<", _) => "<<",
+                (">>", _) => ">>",
+                (_, '(') => "(",
+                (_, ')') => ")",
+                (_, '~') => "~",
+                (_, '|') => "|",
+                (_, '&') => "&",
+                (_, '+') => "+",
+                (_, '-') => "-",
+                (_, '*') => "*",
+                _ => return Err(format!("unexpected {c:?}")),
+            };
+            i += op.len();
+            toks.push(T::Op(op));
+        }
+    }
+    struct P {
+        t: Vec<T>,
+        i: usize,
+    }
+    impl P {
+        fn peek(&self) -> Option<&T> {
+            self.t.get(self.i)
+        }
+        fn eat(&mut self, op: &'static str) -> bool {
+            if self.peek() == Some(&T::Op(op)) {
+                self.i += 1;
+                true
+            } else {
+                false
+            }
+        }
+        fn or(&mut self) -> std::result::Result<u64, String> {
+            let mut v = self.and()?;
+            while self.eat("|") {
+                v |= self.and()?;
+            }
+            Ok(v)
+        }
+        fn and(&mut self) -> std::result::Result<u64, String> {
+            let mut v = self.shift()?;
+            while self.eat("&") {
+                v &= self.shift()?;
+            }
+            Ok(v)
+        }
+        fn shift(&mut self) -> std::result::Result<u64, String> {
+            let mut v = self.add()?;
+            loop {
+                if self.eat("<<") {
+                    v = v.checked_shl(u32::try_from(self.add()?).map_err(|_| "shift")?).ok_or("shift")?;
+                } else if self.eat(">>") {
+                    v = v.checked_shr(u32::try_from(self.add()?).map_err(|_| "shift")?).ok_or("shift")?;
+                } else {
+                    return Ok(v);
+                }
+            }
+        }
+        fn add(&mut self) -> std::result::Result<u64, String> {
+            let mut v = self.unary()?;
+            loop {
+                if self.eat("+") {
+                    v = v.wrapping_add(self.unary()?);
+                } else if self.eat("-") {
+                    v = v.wrapping_sub(self.unary()?);
+                } else {
+                    return Ok(v);
+                }
+            }
+        }
+        fn unary(&mut self) -> std::result::Result<u64, String> {
+            if self.eat("~") {
+                return Ok(!self.unary()?);
+            }
+            if self.eat("-") {
+                return Ok(self.unary()?.wrapping_neg());
+            }
+            match self.peek().cloned() {
+                Some(T::Num(n)) => {
+                    self.i += 1;
+                    Ok(n)
+                }
+                Some(T::Op("(")) => {
+                    // A cast is '(' type words [*] ')'; anything else is a parenthesised expression.
+                    let mut j = self.i + 1;
+                    while matches!(self.t.get(j), Some(T::Id(_)) | Some(T::Op("*"))) {
+                        j += 1;
+                    }
+                    if j > self.i + 1 && self.t.get(j) == Some(&T::Op(")")) {
+                        let words: Vec<&T> = self.t[self.i + 1..j].iter().collect();
+                        let known = words.iter().all(|w| match w {
+                            T::Id(s) => ["gfp_t", "unsigned", "long", "int", "__force", "u32", "u64", "void"]
+                                .contains(&s.as_str()),
+                            _ => true,
+                        });
+                        if !known {
+                            return Err("unknown identifier in a cast".into());
+                        }
+                        self.i = j + 1;
+                        return self.unary();
+                    }
+                    self.i += 1;
+                    let v = self.or()?;
+                    if !self.eat(")") {
+                        return Err("expected ')'".into());
+                    }
+                    Ok(v)
+                }
+                Some(T::Id(id)) => Err(format!("unknown identifier {id}")),
+                other => Err(format!("unexpected {other:?}")),
+            }
+        }
+    }
+    let mut p = P { t: toks, i: 0 };
+    let v = p.or()?;
+    if p.i != p.t.len() {
+        return Err("trailing tokens".into());
+    }
+    Ok(v)
+}
+
+/// Turns trace_pipe text into events, pairing each `mm_page_alloc` with the `<stack trace>` entry
+/// its trigger wrote right after it (same task, same CPU; other CPUs' entries may come between).
+#[derive(Debug, Default)]
+pub struct TraceParser {
+    pending: Vec<(AllocFailure, Instant, StackState)>,
+    /// Index into `pending` of the failure the following ` => ` lines belong to.
+    open_stack: Option<usize>,
+    ready: Vec<AllocFailure>,
+    gfp: Option<GfpTable>,
+    /// Do failures wait for a stack at all (a stack trigger is set)?
+    pub expect_stacks: bool,
+    pub extfrag: ExtfragCounts,
+    /// Events the ring buffer dropped (`CPU:1 [LOST 12 EVENTS]`).
+    pub lost: u64,
+    /// Lines that were not understood (the first few are kept in `unparsed`).
+    pub unparsed_count: u64,
+    pub unparsed: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StackState {
+    Waiting,
+    Reading,
+    Done,
+}
+
+impl TraceParser {
+    pub fn new(expect_stacks: bool, gfp: Option<GfpTable>) -> Self {
+        TraceParser { expect_stacks, gfp, ..Default::default() }
+    }
+
+    /// Feed one line of trace_pipe output (without its newline).
+    pub fn feed_line(&mut self, line: &str) {
+        if let Some(frame) = line.strip_prefix(" => ") {
+            if let Some(i) = self.open_stack {
+                self.pending[i].0.stack.push(frame.trim().to_string());
+            }
+            return;
+        }
+        self.close_stack();
+        if line.trim().is_empty() {
+            return;
+        }
+        if let Some(n) = lost_events(line) {
+            self.lost += n;
+            return;
+        }
+        match parse_trace_line(line) {
+            Ok((_, "mm_page_alloc", _)) => match parse_alloc_line(line) {
+                Ok(mut f) => {
+                    if let Some(t) = &self.gfp {
+                        f.gfp_mask = t.mask(&f.gfp_flags, f.gfp_residue);
+                    }
+                    let state = if self.expect_stacks { StackState::Waiting } else { StackState::Done };
+                    self.pending.push((f, Instant::now(), state));
+                }
+                Err(_) => self.unparsed(line),
+            },
+            Ok((h, "<stack trace>", _)) => {
+                let i = self
+                    .pending
+                    .iter()
+                    .rposition(|(f, _, s)| *s == StackState::Waiting && f.pid == h.pid && f.cpu == h.cpu);
+                if let Some(i) = i {
+                    self.pending[i].2 = StackState::Reading;
+                }
+                self.open_stack = i;
+            }
+            Ok((_, "mm_page_alloc_extfrag", payload)) => match parse_extfrag_payload(payload) {
+                Ok(e) => self.extfrag.add(&e),
+                Err(_) => self.unparsed(line),
+            },
+            _ => self.unparsed(line),
+        }
+    }
+
+    fn unparsed(&mut self, line: &str) {
+        self.unparsed_count += 1;
+        if self.unparsed.len() < 20 {
+            self.unparsed.push(line.to_string());
+        }
+    }
+
+    fn close_stack(&mut self) {
+        if let Some(i) = self.open_stack.take() {
+            self.pending[i].2 = StackState::Done;
+        }
+    }
+
+    /// A read from trace_pipe ended: it returns whole entries, so an open stack is complete.
+    pub fn end_of_read(&mut self) {
+        self.close_stack();
+    }
+
+    /// Hand out the events that are complete: their stack is read, or it did not come within a
+    /// second, or `all` (the catcher is stopping).
+    pub fn take_ready(&mut self, all: bool) -> Vec<AllocFailure> {
+        if all {
+            self.close_stack();
+        }
+        let now = Instant::now();
+        let open = self.open_stack;
+        let mut keep = Vec::new();
+        let mut new_open = None;
+        for (i, (f, t, s)) in std::mem::take(&mut self.pending).into_iter().enumerate() {
+            let done = all
+                || s == StackState::Done
+                || (s == StackState::Waiting && now.duration_since(t) >= STACK_WAIT);
+            if done && Some(i) != open {
+                self.ready.push(f);
+            } else {
+                if Some(i) == open {
+                    new_open = Some(keep.len());
+                }
+                keep.push((f, t, s));
+            }
+        }
+        self.pending = keep;
+        self.open_stack = new_open;
+        std::mem::take(&mut self.ready)
+    }
+}
+
+/// `CPU:1 [LOST 12 EVENTS]`.
+fn lost_events(line: &str) -> Option<u64> {
+    let rest = line.trim().strip_prefix("CPU:")?;
+    let (_, rest) = rest.split_once("[LOST ")?;
+    rest.strip_suffix(" EVENTS]")?.parse().ok()
+}
+
+/// What the catcher records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    pub min_order: u32,
+    /// Only failed allocations (`pfn == -1`). `false` records successful ones of order ≥
+    /// `min_order` too — only sensible with `pid`, to prove the plumbing on a machine where
+    /// nothing fails.
+    pub failures_only: bool,
+    /// Only allocations by this task id (`common_pid`).
+    pub pid: Option<i32>,
+    /// Add the `stacktrace` trigger.
+    pub stacks: bool,
+    /// Also count `kmem:mm_page_alloc_extfrag` events.
+    pub extfrag: bool,
+}
+
+impl Options {
+    /// Failed allocations of order ≥ `min_order`, with stacks: what a run wants.
+    pub fn failures(min_order: u32) -> Self {
+        Options { min_order, failures_only: true, pid: None, stacks: true, extfrag: false }
+    }
+
+    /// The event filter these options give.
+    pub fn filter(&self) -> String {
+        let mut f = if self.failures_only {
+            failure_filter(self.min_order)
+        } else {
+            format!("order >= {}", self.min_order)
+        };
+        if let Some(pid) = self.pid {
+            f.push_str(&format!(" && common_pid == {pid}"));
+        }
+        f
+    }
+}
+
+/// What [`Catcher::stop`] leaves.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stopped {
+    /// Events not yet drained.
+    pub failures: Vec<AllocFailure>,
+    pub extfrag: ExtfragCounts,
+    pub lost: u64,
+    pub unparsed: Vec<String>,
+    /// This catcher mounted tracefs and unmounted it again.
+    pub unmounted: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    parser: TraceParser,
+    ready: Vec<AllocFailure>,
+    error: Option<String>,
+}
+
+/// A running failed-allocation catcher: its own tracefs instance and a thread reading its
+/// trace_pipe.
+pub struct Catcher {
+    options: Options,
+    filter: String,
+    clock: String,
+    instance: Option<InstanceGuard>,
+    mount: Option<MountGuard>,
+    stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<()>>,
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl Catcher {
+    /// Catch failed allocations of order ≥ `min_order`, with their call chains.
+    pub fn start(min_order: u32) -> Result<Catcher> {
+        Self::start_with(Options::failures(min_order))
+    }
+
+    pub fn start_with(options: Options) -> Result<Catcher> {
+        let mount = MountGuard::acquire()?;
+        let root = mount.root.clone();
+        let instance = InstanceGuard::create(&root)?;
+        let dir = instance.dir.clone();
+        let event = dir.join("events/kmem/mm_page_alloc");
+        if !event.join("enable").exists() {
+            return Err(Error::Io {
+                path: event,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "this kernel has no kmem:mm_page_alloc tracepoint",
+                ),
+            });
+        }
+        // `mono` makes event times CLOCK_MONOTONIC, comparable with the workloads' Instants; the
+        // instance's clock is its own, so nobody else's trace changes.
+        let clock =
+            if write_ctl(&dir.join("trace_clock"), "mono").is_ok() { "mono" } else { "local" }.to_string();
+        // Wake the reader on the first byte, not when the buffer is half full (instance-local too).
+        let _ = write_ctl(&dir.join("buffer_percent"), "0");
+
+        let filter = options.filter();
+        write_ctl(&event.join("filter"), &filter).map_err(|e| with_error_log(e, &dir))?;
+        let back = read_ctl(&event.join("filter"))?;
+        if back.trim() != filter {
+            return Err(Error::parse(
+                event.join("filter"),
+                1,
+                back.trim(),
+                format!("the kernel kept {:?}, not {filter:?}", back.trim()),
+            ));
+        }
+        if options.stacks {
+            let trigger = format!("stacktrace if {filter}");
+            write_ctl(&event.join("trigger"), &trigger).map_err(|e| with_error_log(e, &dir))?;
+            let back = read_ctl(&event.join("trigger"))?;
+            if !back.lines().any(|l| l.starts_with("stacktrace") && l.ends_with(&format!(" if {filter}"))) {
+                return Err(Error::parse(
+                    event.join("trigger"),
+                    1,
+                    back.trim(),
+                    "the stacktrace trigger did not stick",
+                ));
+            }
+        }
+        let gfp =
+            std::fs::read_to_string(event.join("format")).ok().and_then(|f| GfpTable::from_format(&f).ok());
+        let shared = Arc::new(Mutex::new(Shared {
+            parser: TraceParser::new(options.stacks, gfp),
+            ..Default::default()
+        }));
+
+        // Open the pipe before enabling, so the first event cannot be missed.
+        let pipe_path = dir.join("trace_pipe");
+        let pipe = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&pipe_path)
+                .map_err(|source| Error::Io { path: pipe_path.clone(), source })?
+        };
+        write_ctl(&event.join("enable"), "1")?;
+        if options.extfrag {
+            let x = dir.join("events/kmem/mm_page_alloc_extfrag/enable");
+            write_ctl(&x, "1")?;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (stop, shared) = (Arc::clone(&stop), Arc::clone(&shared));
+            std::thread::Builder::new()
+                .name("fraglab-tracefs".into())
+                .spawn(move || read_pipe(pipe, &pipe_path, &stop, &shared))
+                .map_err(|source| Error::Io { path: dir.join("trace_pipe"), source })?
+        };
+        Ok(Catcher {
+            options,
+            filter,
+            clock,
+            instance: Some(instance),
+            mount: Some(mount),
+            stop,
+            reader: Some(reader),
+            shared,
+        })
+    }
+
+    /// The event filter, as the kernel read it back.
+    pub fn filter(&self) -> &str {
+        &self.filter
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// The instance's trace clock: `mono` (CLOCK_MONOTONIC) or, on kernels without it, `local`.
+    pub fn clock(&self) -> &str {
+        &self.clock
+    }
+
+    /// `…/instances/fraglab-<pid>`.
+    pub fn instance_dir(&self) -> &Path {
+        &self.instance.as_ref().expect("instance lives until stop").dir
+    }
+
+    /// This catcher's process mounted tracefs (and will unmount it).
+    pub fn mounted_tracefs(&self) -> bool {
+        self.mount.as_ref().is_some_and(|m| m.ours())
+    }
+
+    /// Failures caught since the last drain. A failure is held back until its stack arrives (at
+    /// most a second).
+    pub fn drain(&self) -> Vec<AllocFailure> {
+        let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = std::mem::take(&mut s.ready);
+        out.extend(s.parser.take_ready(false));
+        out
+    }
+
+    /// `mm_page_alloc_extfrag` counts so far (zero unless [`Options::extfrag`]).
+    pub fn extfrag(&self) -> ExtfragCounts {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner()).parser.extfrag.clone()
+    }
+
+    /// Disable the events, read what is left, remove the instance, unmount tracefs if we mounted it.
+    pub fn stop(mut self) -> Result<Stopped> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<Stopped> {
+        let mut first_err = None;
+        if let Some(instance) = &self.instance {
+            // Stop new events first; what is already in the buffer is still read below.
+            if let Err(e) = instance.disable_events() {
+                first_err.get_or_insert(e);
+            }
+        }
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        let mut out = {
+            let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            let mut failures = std::mem::take(&mut s.ready);
+            failures.extend(s.parser.take_ready(true));
+            if let Some(e) = s.error.take() {
+                first_err.get_or_insert(Error::Io {
+                    path: self.instance.as_ref().map_or_else(PathBuf::new, |i| i.dir.join("trace_pipe")),
+                    source: std::io::Error::other(e),
+                });
+            }
+            Stopped {
+                failures,
+                extfrag: s.parser.extfrag.clone(),
+                lost: s.parser.lost,
+                unparsed: s.parser.unparsed.clone(),
+                unmounted: false,
+            }
+        };
+        if let Some(mut instance) = self.instance.take() {
+            if let Err(e) = instance.remove() {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(mut mount) = self.mount.take() {
+            match mount.release() {
+                Ok(unmounted) => out.unmounted = unmounted,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}
+
+impl Drop for Catcher {
+    fn drop(&mut self) {
+        if self.instance.is_some() || self.mount.is_some() {
+            let _ = self.shutdown();
+        }
+    }
+}
+
+/// The reader thread: poll, read whole entries, parse; after `stop`, read until the pipe is empty.
+fn read_pipe(mut pipe: File, path: &Path, stop: &AtomicBool, shared: &Mutex<Shared>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut partial = String::new();
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
+        let mut pfd = libc::pollfd { fd: pipe.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // The timeout bounds both the stop latency and, if poll waits for a fuller buffer on some
+        // kernel, how late an event is read.
+        if !stopping {
+            unsafe { libc::poll(&mut pfd, 1, 100) };
+        }
+        let mut empty = false;
+        match pipe.read(&mut buf) {
+            Ok(0) => empty = true,
+            Ok(n) => {
+                partial.push_str(&String::from_utf8_lossy(&buf[..n]));
+                let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
+                while let Some(nl) = partial.find('\n') {
+                    let line: String = partial.drain(..=nl).collect();
+                    s.parser.feed_line(line.trim_end_matches('\n'));
+                }
+                if partial.is_empty() {
+                    s.parser.end_of_read();
+                }
+                let ready = s.parser.take_ready(false);
+                s.ready.extend(ready);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => empty = true,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                shared.lock().unwrap_or_else(|p| p.into_inner()).error =
+                    Some(format!("{}: {e}", path.display()));
+                return;
+            }
+        }
+        if stopping && empty {
+            if !partial.is_empty() {
+                shared.lock().unwrap_or_else(|p| p.into_inner()).parser.feed_line(&partial);
+            }
+            return;
+        }
+    }
+}
+
+/// Write a tracefs control file in one `write()`, without O_TRUNC (which on `trigger` would
+/// clear every trigger first).
+fn write_ctl(path: &Path, text: &str) -> Result<()> {
+    let io = |source| Error::Io { path: path.to_path_buf(), source };
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
+    let n = f.write(text.as_bytes()).map_err(io)?;
+    if n != text.len() {
+        return Err(io(std::io::Error::other(format!("short write: {n} of {} bytes", text.len()))));
+    }
+    Ok(())
+}
+
+/// Read a tracefs control file in one `read()`: `filter` answers only the read at offset 0, so
+/// `read_to_string`'s 32-byte first read would cut it to 32 characters.
+fn read_ctl(path: &Path) -> Result<String> {
+    let io = |source| Error::Io { path: path.to_path_buf(), source };
+    let mut f = File::open(path).map_err(io)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = f.read(&mut buf).map_err(io)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Add the instance's `error_log` (where the filter parser says what it disliked) to an error.
+fn with_error_log(e: Error, dir: &Path) -> Error {
+    let log = read_ctl(&dir.join("error_log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect();
+    match e {
+        Error::Io { path, source } if !tail.is_empty() => Error::Io {
+            path,
+            source: std::io::Error::new(
+                source.kind(),
+                format!("{source}; error_log: {}", tail.join(" / ").trim()),
+            ),
+        },
+        e => e,
+    }
+}
+
+/// The tracefs mount this process uses; shared by every catcher in it.
+struct MountGuard {
+    root: PathBuf,
+    released: bool,
+}
+
+struct MountState {
+    users: usize,
+    root: PathBuf,
+    ours: bool,
+}
+
+static MOUNT: Mutex<Option<MountState>> = Mutex::new(None);
+
+impl MountGuard {
+    fn acquire() -> Result<MountGuard> {
+        let mut state = MOUNT.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = state.as_mut() {
+            s.users += 1;
+            return Ok(MountGuard { root: s.root.clone(), released: false });
+        }
+        let (root, ours) = match find_tracefs()? {
+            Some(root) => (root, false),
+            None => {
+                mount_tracefs(Path::new(DEFAULT_ROOT))?;
+                (PathBuf::from(DEFAULT_ROOT), true)
+            }
+        };
+        *state = Some(MountState { users: 1, root: root.clone(), ours });
+        Ok(MountGuard { root, released: false })
+    }
+
+    fn ours(&self) -> bool {
+        MOUNT.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|s| s.ours)
+    }
+
+    /// Drop this user; the last one unmounts tracefs if this process mounted it. `Ok(true)` when
+    /// it was unmounted here.
+    fn release(&mut self) -> Result<bool> {
+        if self.released {
+            return Ok(false);
+        }
+        self.released = true;
+        let mut state = MOUNT.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(s) = state.as_mut() else { return Ok(false) };
+        s.users -= 1;
+        if s.users > 0 {
+            return Ok(false);
+        }
+        let s = state.take().expect("checked above");
+        if !s.ours {
+            return Ok(false);
+        }
+        let c =
+            std::ffi::CString::new(s.root.as_os_str().as_encoded_bytes()).expect("no NUL in a mount point");
+        if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+            // EBUSY: another process is using the tracefs we mounted; leave it to them.
+            return Err(Error::Io { path: s.root, source: std::io::Error::last_os_error() });
+        }
+        Ok(true)
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let _ = self.release();
+    }
+}
+
+/// Where tracefs is mounted, preferring /sys/kernel/tracing; `None` if nowhere.
+fn find_tracefs() -> Result<Option<PathBuf>> {
+    const MOUNTINFO: &str = "/proc/self/mountinfo";
+    let text = crate::error::read_to_string(MOUNTINFO)?;
+    let mut found = Vec::new();
+    for line in text.lines() {
+        // `36 35 0:12 / /sys/kernel/tracing rw,nosuid - tracefs nodev rw`: the type follows " - ".
+        let Some((left, right)) = line.split_once(" - ") else { continue };
+        if right.split_whitespace().next() != Some("tracefs") {
+            continue;
+        }
+        if let Some(mp) = left.split_whitespace().nth(4) {
+            found.push(PathBuf::from(unescape_mountinfo(mp)));
+        }
+    }
+    Ok(found.iter().find(|p| p.as_path() == Path::new(DEFAULT_ROOT)).or(found.first()).cloned())
+}
+
+/// mountinfo writes ` `, `\t`, `\n` and `\` in paths as `\040`-style octal.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn mount_tracefs(at: &Path) -> Result<()> {
+    let io = |source| Error::Io { path: at.to_path_buf(), source };
+    if !at.is_dir() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no mount point: is CONFIG_TRACING set?",
+        )));
+    }
+    let target = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).expect("no NUL in a path");
+    let r =
+        unsafe { libc::mount(c"nodev".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null()) };
+    if r != 0 {
+        return Err(io(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Our instance directory; removed on drop.
+struct InstanceGuard {
+    dir: PathBuf,
+    removed: bool,
+}
+
+static NEXT_INSTANCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+impl InstanceGuard {
+    fn create(root: &Path) -> Result<InstanceGuard> {
+        let instances = root.join("instances");
+        remove_stale_instances(&instances);
+        let pid = std::process::id();
+        loop {
+            let n = NEXT_INSTANCE.fetch_add(1, Ordering::SeqCst);
+            let name = if n == 0 { format!("fraglab-{pid}") } else { format!("fraglab-{pid}-{n}") };
+            let dir = instances.join(name);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return Ok(InstanceGuard { dir, removed: false }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => continue,
+                Err(source) => return Err(Error::Io { path: dir, source }),
+            }
+        }
+    }
+
+    fn disable_events(&self) -> Result<()> {
+        for event in ["mm_page_alloc", "mm_page_alloc_extfrag"] {
+            let enable = self.dir.join("events/kmem").join(event).join("enable");
+            if enable.exists() {
+                write_ctl(&enable, "0")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Disable, clear the trigger and the filter, then rmdir (which also frees the buffer).
+    fn remove(&mut self) -> Result<()> {
+        if self.removed {
+            return Ok(());
+        }
+        self.disable_events()?;
+        let event = self.dir.join("events/kmem/mm_page_alloc");
+        let triggers = read_ctl(&event.join("trigger")).unwrap_or_default();
+        if triggers.lines().any(|l| l.starts_with("stacktrace")) {
+            write_ctl(&event.join("trigger"), "!stacktrace")?;
+        }
+        if event.join("filter").exists() {
+            write_ctl(&event.join("filter"), "0")?;
+        }
+        std::fs::remove_dir(&self.dir).map_err(|source| Error::Io { path: self.dir.clone(), source })?;
+        self.removed = true;
+        Ok(())
+    }
+}
+
+impl Drop for InstanceGuard {
+    fn drop(&mut self) {
+        if !self.removed {
+            let _ = self.remove();
+            if !self.removed {
+                // A half-set-up instance (say, a refused filter) still goes: rmdir works regardless.
+                let _ = std::fs::remove_dir(&self.dir);
+            }
+        }
+    }
+}
+
+/// Remove `fraglab-<pid>…` instances whose process is gone (a SIGKILLed fraglab left them).
+fn remove_stale_instances(instances: &Path) {
+    let Ok(entries) = std::fs::read_dir(instances) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("fraglab-") else { continue };
+        let Ok(pid) = rest.split('-').next().unwrap_or("").parse::<u32>() else { continue };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_expressions() {
+        assert_eq!(eval_c("( unsigned long)(( gfp_t)((((1UL))) << (10)))").unwrap(), 1 << 10);
+        assert_eq!(eval_c("((1UL << 3) | (1UL << 1)) & ~(1UL << 1)").unwrap(), 8);
+        assert!(eval_c("FOO | 1").is_err());
+    }
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+    }
+
+    #[test]
+    fn lost_line() {
+        assert_eq!(lost_events("CPU:1 [LOST 12 EVENTS]"), Some(12));
+    }
+}

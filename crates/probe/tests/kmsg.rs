@@ -1,0 +1,411 @@
+//! The kernel-log parser on real reports (captures/kmsg/README.md names every source), the record
+//! format of this machine's /dev/kmsg, and property tests: no line makes it panic.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fraglab_probe::kmsg::{
+    parse_line, parse_message, scan_log, split_log_line, FreeArea, Gfp, KmsgEvent, KmsgRecord, KmsgWatcher,
+    LogScan,
+};
+use proptest::prelude::*;
+
+fn capture(name: &str) -> (PathBuf, String) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/captures/kmsg").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (path, text)
+}
+
+fn scan(name: &str) -> LogScan {
+    let (path, text) = capture(name);
+    let s = scan_log(&text, &path);
+    assert!(
+        s.warnings.is_empty(),
+        "{name}: {:?}",
+        s.warnings.iter().map(|w| w.to_string()).collect::<Vec<_>>()
+    );
+    s
+}
+
+fn failures(s: &LogScan) -> Vec<&fraglab_probe::kmsg::AllocFailureReport> {
+    s.events
+        .iter()
+        .filter_map(|f| match &f.event {
+            KmsgEvent::AllocFailure(a) => Some(a),
+            _ => None,
+        })
+        .collect()
+}
+
+fn free_areas(s: &LogScan) -> Vec<(&str, &FreeArea)> {
+    s.events
+        .iter()
+        .filter_map(|f| match &f.event {
+            KmsgEvent::FreeArea(a) => Some((f.message.as_str(), a)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn gfp(mask: u64, flags: &[&str]) -> Option<Gfp> {
+    Some(Gfp { mask, flags: flags.iter().map(|f| f.to_string()).collect() })
+}
+
+#[test]
+fn xorg_order4_failure_with_mem_info() {
+    let s = scan("linux-mm-2019-08-05-xorg-order4.dmesg");
+    let f = failures(&s);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].comm, "Xorg");
+    assert_eq!(f[0].order, 4);
+    assert_eq!(f[0].gfp, gfp(0x40dc0, &["GFP_KERNEL", "__GFP_COMP", "__GFP_ZERO"]));
+    assert_eq!(f[0].nodemask.as_deref(), Some("(null)"));
+    assert_eq!(f[0].cpuset.as_deref(), Some("/"));
+    assert_eq!(f[0].mems_allowed.as_deref(), Some("0"));
+    assert!(!f[0].legacy_format);
+    assert_eq!(s.events[0].line, 1);
+    assert_eq!(s.events[0].timestamp, Some(3225.313209));
+
+    let areas = free_areas(&s);
+    let zones: Vec<_> = areas.iter().map(|(_, a)| (a.node, a.zone.clone().unwrap())).collect();
+    assert_eq!(zones, [(Some(0), "DMA".into()), (Some(0), "DMA32".into()), (Some(0), "Normal".into())]);
+    let normal = areas[2].1;
+    assert_eq!(normal.free, [3277, 1459, 2012, 1869, 742, 178, 14, 0, 0, 0, 0]);
+    assert_eq!(normal.types[3], "UMEH");
+    assert_eq!(normal.types[7], "");
+    assert_eq!(normal.total_kb, Some(190636));
+    assert_eq!(normal.page_kb, 4);
+    // Order 4 was asked for and blocks of order 4–6 were free: HighAtomic-reserved ones (H) and
+    // others, but below the watermark the request could not use them.
+    assert_eq!(normal.max_free_order(), Some(6));
+    // Re-rendering gives the kernel's own line back, byte for byte.
+    for (message, area) in &areas {
+        assert_eq!(&area.to_line(), message);
+    }
+    // No other event: stack frames, register dumps and Mem-Info counters are none of ours.
+    assert_eq!(s.events.len(), 4);
+}
+
+#[test]
+fn memcg_oom_serial_log() {
+    let s = scan("linux-mm-2019-01-06-memcg-oom.dmesg");
+    let invoked: Vec<_> = s
+        .events
+        .iter()
+        .filter_map(|f| match &f.event {
+            KmsgEvent::OomInvoked(o) => Some(o),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(invoked.len(), 4);
+    assert!(invoked.iter().all(|o| o.comm == "a.out"
+        && o.order == Some(0)
+        && o.oom_score_adj == Some(0)
+        && o.gfp == gfp(0x6200ca, &["GFP_HIGHUSER_MOVABLE"])));
+    let killed: Vec<_> = s
+        .events
+        .iter()
+        .filter_map(|f| match &f.event {
+            KmsgEvent::OomKilled(k) => Some(k),
+            _ => None,
+        })
+        .collect();
+    // Four `Killed process` lines; the two `Kill process … or sacrifice child` lines announce the
+    // same kills and are not counted again, and `oom_reaper: reaped process` is not a kill.
+    assert_eq!(killed.iter().map(|k| k.pid).collect::<Vec<_>>(), [8204, 8205, 8206, 8203]);
+    assert!(killed.iter().all(|k| k.comm == "a.out" && !k.memcg));
+    assert_eq!(killed[0].total_vm_kb, Some(10491132));
+    assert_eq!(killed[0].anon_rss_kb, Some(92));
+    assert_eq!(killed[0].file_rss_kb, Some(444));
+    assert_eq!(killed[0].shmem_rss_kb, Some(167028));
+    let no_victim = s.events.iter().filter(|f| f.event == KmsgEvent::OomNoVictim).count();
+    assert_eq!(no_victim, 2);
+    assert!(failures(&s).is_empty());
+}
+
+#[test]
+fn syslog_oom_with_free_areas() {
+    let s = scan("linux-mm-2016-08-02-oom.syslog");
+    let KmsgEvent::OomInvoked(o) = &s.events[0].event else { panic!("{:?}", s.events[0]) };
+    assert_eq!(o.comm, "x2golistsession");
+    assert_eq!(o.order, Some(2));
+    assert_eq!(o.gfp, gfp(0x27000c0, &["GFP_KERNEL_ACCOUNT", "__GFP_NOTRACK"]));
+    assert_eq!(s.events[0].timestamp, Some(11918.534744));
+    let areas = free_areas(&s);
+    assert_eq!(areas.len(), 2);
+    // An order-2 kernel stack was wanted; nothing above order 1 was free in either zone.
+    assert!(areas.iter().all(|(_, a)| a.max_free_order() == Some(1)));
+    assert_eq!(areas[1].1.free[..2], [2663, 7452]);
+    assert_eq!(s.events[2].line, 12);
+}
+
+#[test]
+fn current_form_from_netdev_and_xen() {
+    let s = scan("netdev-2022-07-06-ksoftirqd-order0.dmesg");
+    let f = failures(&s);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].comm, "ksoftirqd/0");
+    assert_eq!(f[0].gfp, gfp(0x40a20, &["GFP_ATOMIC", "__GFP_COMP"]));
+    assert!(s.events.iter().any(|e| e.event == KmsgEvent::OomNoVictim));
+
+    let s = scan("xen-devel-2020-07-22-order4.serial");
+    let f = failures(&s);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].comm, "libxl-save-help");
+    assert_eq!(f[0].order, 4);
+    assert_eq!(f[0].nodemask.as_deref(), Some("(null)"));
+    assert_eq!(f[0].cpuset, None);
+    assert_eq!(s.events[0].timestamp, Some(530.412043));
+}
+
+#[test]
+fn legacy_and_intermediate_forms() {
+    let s = scan("redhat-rhel6-order1.syslog");
+    let f = failures(&s);
+    assert_eq!(
+        f.iter().map(|f| f.comm.as_str()).collect::<Vec<_>>(),
+        ["glusterfsd", "swapper", "swapper", "swapper", "swapper"]
+    );
+    assert!(f.iter().all(|f| f.legacy_format && f.order == 1 && f.gfp == gfp(0x20, &[])));
+
+    let s = scan("redhat-rhel6-order2.kernel");
+    assert_eq!(failures(&s).len(), 1);
+    assert_eq!(failures(&s)[0].order, 2);
+
+    let s = scan("node-exporter-2990-order5.kernel");
+    let f = failures(&s);
+    assert_eq!((f[0].comm.as_str(), f[0].order, f[0].gfp.clone()), ("node_exporter", 5, gfp(0xd0, &[])));
+
+    let s = scan("writeboost-72-order8.dmesg");
+    let f = failures(&s);
+    assert_eq!((f[0].comm.as_str(), f[0].order, f[0].legacy_format), ("dmwb_writeback_", 8, false));
+    assert_eq!(f[0].gfp, gfp(0x204010, &[]));
+
+    let s = scan("coreos-1106-java-order0.journal");
+    let f = failures(&s);
+    assert_eq!(f[0].comm, "java");
+    assert_eq!(f[0].gfp, gfp(0x2084120, &["GFP_ATOMIC", "__GFP_COLD", "__GFP_COMP"]));
+    assert_eq!(f[0].nodemask, None);
+}
+
+#[test]
+fn wrapped_free_area_line_is_joined() {
+    let s = scan("dcache-3787-swapper-order0.dmesg");
+    let areas = free_areas(&s);
+    assert_eq!(areas.len(), 1);
+    let a = areas[0].1;
+    assert_eq!((a.node, a.zone.as_deref()), (Some(1), Some("Normal")));
+    assert_eq!(a.free, [4172, 8, 5, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(a.total_kb, Some(16832));
+    assert_eq!(s.events[0].line, 1);
+    let f = failures(&s);
+    assert_eq!((f[0].comm.as_str(), f[0].gfp.clone()), ("swapper/12", gfp(0x2080020, &["GFP_ATOMIC"])));
+}
+
+#[test]
+fn current_oom_kill_line() {
+    let s = scan("intel-gfx-2020-06-22-oom.dmesg");
+    assert_eq!(s.events.len(), 1);
+    let KmsgEvent::OomKilled(k) = &s.events[0].event else { panic!() };
+    assert_eq!((k.pid, k.comm.as_str(), k.oom_score_adj), (27368, "chromium", Some(300)));
+    assert_eq!(k.shmem_rss_kb, Some(7452));
+}
+
+/// The same five records through every dmesg output format of this machine come out as the same
+/// messages and times.
+#[test]
+fn dmesg_formats_of_this_host() {
+    let (_, plain) = capture("host-6.18-dmesg.txt");
+    let expect: Vec<_> = plain.lines().map(|l| split_log_line(l).message.into_owned()).collect();
+    assert_eq!(expect[0], "Zone ranges:");
+    assert_eq!(expect[1], "  DMA      [mem 0x0000000000001000-0x0000000000ffffff]");
+    for name in
+        ["host-6.18-dmesg-x.txt", "host-6.18-dmesg-r.txt", "host-6.18-dmesg-T.txt", "host-6.18-dmesg-iso.txt"]
+    {
+        let (_, text) = capture(name);
+        let got: Vec<_> = text.lines().map(|l| split_log_line(l).message.into_owned()).collect();
+        assert_eq!(got, expect, "{name}");
+    }
+    let t: Vec<_> = plain.lines().map(|l| split_log_line(l).timestamp).collect();
+    assert_eq!(t[0], Some(0.003074));
+    let (_, raw) = capture("host-6.18-dmesg-r.txt");
+    assert_eq!(split_log_line(raw.lines().next().unwrap()).timestamp, Some(0.003074));
+}
+
+/// Records as /dev/kmsg handed them out on this machine.
+#[test]
+fn dev_kmsg_records_of_this_host() {
+    let (_, raw) = capture("host-6.18-dev-kmsg.raw");
+    // One record per line, its dictionary on the following blank-led lines (one read() each).
+    let mut records: Vec<String> = Vec::new();
+    for line in raw.lines() {
+        match records.last_mut() {
+            Some(r) if line.starts_with(' ') => {
+                r.push('\n');
+                r.push_str(line);
+            }
+            _ => records.push(line.to_string()),
+        }
+    }
+    let parsed: Vec<KmsgRecord> = records.iter().map(|r| KmsgRecord::parse(r).unwrap()).collect();
+    assert_eq!(parsed.len(), 11);
+    let zone = &parsed[0];
+    assert_eq!((zone.facility, zone.level, zone.seq, zone.ts_usec), (0, 6, 39, 3074));
+    assert_eq!(zone.message, "Zone ranges:");
+    assert!(!zone.continued);
+    let (_, dmesg) = capture("host-6.18-dmesg.txt");
+    assert_eq!(zone.to_dmesg_line(), dmesg.lines().next().unwrap());
+    let acpi = &parsed[6];
+    assert_eq!(acpi.dict, ["SUBSYSTEM=acpi", "DEVICE=+acpi:PNP0A08:00"]);
+    let rcu = &parsed[9];
+    assert_eq!(rcu.message, "rcu: \tRCU restricting CPUs from NR_CPUS=256 to nr_cpu_ids=2.");
+    assert!(parsed.iter().all(|r| r.event() == Ok(None)));
+}
+
+#[test]
+fn lines_with_our_marker_but_bad_fields_are_errors_naming_file_and_line() {
+    let text = "[    1.0] ok line\n[    2.0] x: page allocation failure: order:banana, mode:0x20\n";
+    let s = scan_log(text, "/tmp/report.txt");
+    assert!(s.events.is_empty());
+    let w = s.warnings[0].to_string();
+    assert!(w.starts_with("/tmp/report.txt:2: "), "{w}");
+    assert!(w.contains("order"), "{w}");
+    // A free-area line whose sum disagrees with its entries.
+    let e = parse_message("Node 0 Normal: 1*4kB 1*8kB = 16kB").unwrap_err();
+    assert!(e.contains("12kB"), "{e}");
+    // Cut before mode: accepted, with no mask.
+    let Ok(Some(KmsgEvent::AllocFailure(f))) =
+        parse_line("[ 1221.658269] RenderThread: page allocation failure: order:0,")
+    else {
+        panic!()
+    };
+    assert_eq!((f.order, f.gfp), (0, None));
+}
+
+#[test]
+fn prefixes_people_save_logs_with() {
+    // Each prefix on a message from the captures; the message must come out unchanged.
+    let msg = "Xorg: page allocation failure: order:4, mode:0x40dc0(GFP_KERNEL|__GFP_COMP|__GFP_ZERO), nodemask=(null),cpuset=/,mems_allowed=0";
+    for (line, ts) in [
+        (format!("[ 3225.313209] {msg}"), Some(3225.313209)),
+        (format!("[ 3225.313209][  T460] {msg}"), Some(3225.313209)),
+        (format!("<4>[ 3225.313209] {msg}"), Some(3225.313209)),
+        (format!("kern  :warn  : [ 3225.313209] {msg}"), Some(3225.313209)),
+        (format!("[Wed Dec  2 16:03:48 2026] {msg}"), None),
+        (format!("2026-12-02T16:03:48,003074+00:00 {msg}"), None),
+        (format!("Nov  3 10:00:01 host kernel: {msg}"), None),
+        (format!("Nov  3 10:00:01 host kernel: [ 3225.313209] {msg}"), Some(3225.313209)),
+        (format!("Jul 21 16:20:58.985209 [ 3225.313209] {msg}"), Some(3225.313209)),
+        (format!("kernel: {msg}"), None),
+        (msg.to_string(), None),
+        // journalctl -o export and -o json (constructed from their documented field names: no
+        // journal runs on this VM).
+        (format!("MESSAGE={msg}"), None),
+        (
+            serde_json::json!({"MESSAGE": msg, "_SOURCE_MONOTONIC_TIMESTAMP": "3225313209"}).to_string(),
+            Some(3225.313209),
+        ),
+    ] {
+        let l = split_log_line(&line);
+        assert_eq!(l.message, msg, "{line}");
+        assert_eq!(l.timestamp, ts, "{line}");
+    }
+}
+
+/// The live device: only records logged after opening come back, each once.
+#[test]
+fn watcher_reads_only_new_records() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: /dev/kmsg needs root");
+        return;
+    }
+    let mut w = KmsgWatcher::open().unwrap();
+    let before = w.read_available().unwrap();
+    // Nothing old: whatever came back was logged in the instant since open.
+    assert!(before.len() < 5, "{} records right after open: did it seek to the end?", before.len());
+    let marker = format!(
+        "fraglab-probe kmsg test {} {}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    );
+    // With its newline: a record written without one stays open for a continuation, and readers
+    // see it only when the next record closes it.
+    std::fs::write("/dev/kmsg", format!("{marker}\n")).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        if w.wait(Duration::from_millis(100)).unwrap() {
+            seen.extend(w.read_available().unwrap());
+        }
+        if seen.iter().any(|r| r.message == marker) {
+            break;
+        }
+    }
+    let r = seen.iter().find(|r| r.message == marker).expect("our record");
+    // Written from user space without a <prio> prefix: facility user, level default (4).
+    assert_eq!(r.facility, 1);
+    assert!(w.read_available().unwrap().iter().all(|r| r.message != marker), "a record came back twice");
+}
+
+proptest! {
+    #[test]
+    fn no_line_panics(line in ".{0,300}") {
+        let _ = parse_line(&line);
+        let _ = split_log_line(&line);
+        let _ = KmsgRecord::parse(&line);
+        let _ = FreeArea::parse(&line);
+        let _ = Gfp::parse(&line);
+        let _ = scan_log(&line, "x");
+    }
+
+    #[test]
+    fn no_near_miss_panics(
+        prefix in prop::sample::select(vec!["", "[ 1.5] ", "kernel: ", "Nov  3 10:00:01 h kernel: ", "<4>", "[", "MESSAGE="]),
+        body in prop::sample::select(vec![
+            "x: page allocation failure", "x: page allocation failure: order:", "x: page allocation failure. order:9999999999999",
+            "x invoked oom-killer: gfp_mask=0x", "Killed process ", "Killed process 12 (", "Out of memory: Killed process x (",
+            "Node 0 Normal: ", "Normal: 1*4kB", "Node x Normal: 1*4kB", "1*4kB (U", "= kB", "Node 0 DMA: 1*64kB 1*128kB = 192kB",
+        ]),
+        tail in "[ -~]{0,40}",
+    ) {
+        let text = format!("{prefix}{body}{tail}");
+        let _ = parse_line(&text);
+        let _ = scan_log(&format!("{text}\n{tail}\n{body}"), "x");
+    }
+
+    #[test]
+    fn failure_lines_round_trip(
+        comm in "[a-zA-Z0-9/._-][a-zA-Z0-9/:._ -]{0,13}[a-zA-Z0-9/._-]",
+        order in 0u32..11,
+        mask in any::<u32>(),
+        names in prop::collection::vec("__?GFP_[A-Z_]{1,12}", 0..4),
+        ts in 0u32..10_000_000,
+    ) {
+        let g = Gfp { mask: u64::from(mask), flags: names };
+        let line = format!("[{:5}.{:06}] {comm}: page allocation failure: order:{order}, mode:{g}, nodemask=(null),cpuset=/,mems_allowed=0-1,3", ts / 1000, ts % 1000);
+        let Ok(Some(KmsgEvent::AllocFailure(f))) = parse_line(&line) else { panic!("{line}") };
+        prop_assert_eq!(f.comm, comm);
+        prop_assert_eq!(f.order, order);
+        prop_assert_eq!(f.gfp, Some(g));
+        prop_assert_eq!(f.mems_allowed.as_deref(), Some("0-1,3"));
+    }
+
+    #[test]
+    fn free_area_lines_round_trip(
+        node in prop::option::of(0u32..8),
+        zone in prop::sample::select(vec!["DMA", "DMA32", "Normal", "Movable", "HighMem"]),
+        page_kb in prop::sample::select(vec![4u64, 16, 64]),
+        entries in prop::collection::vec((0u64..1_000_000, prop::sample::select(vec!["", "U", "UME", "H", "C"])), 1..14),
+    ) {
+        let area = FreeArea {
+            node,
+            zone: Some(zone.to_string()),
+            page_kb,
+            free: entries.iter().map(|e| e.0).collect(),
+            types: entries.iter().map(|e| if e.0 == 0 { String::new() } else { e.1.to_string() }).collect(),
+            total_kb: Some(entries.iter().enumerate().map(|(o, e)| e.0 * (page_kb << o)).sum()),
+        };
+        let line = area.to_line();
+        prop_assert_eq!(FreeArea::parse(&line), Ok(area.clone()));
+        prop_assert_eq!(parse_message(&line), Ok(Some(KmsgEvent::FreeArea(area))));
+    }
+}

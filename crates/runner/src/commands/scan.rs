@@ -1,0 +1,199 @@
+//! `fraglab scan LOGFILE`: read a saved dmesg / syslog / journal export the way the live kmsg
+//! watcher reads `/dev/kmsg`, and turn a bug report into numbers and lab targets: failures by order,
+//! GFP mode and command, OOM kills, and every Mem-Info free-area line as a ready
+//! `fraglab fragment --profile` command.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use fraglab_probe::kmsg::{scan_log, Found, FreeArea, KmsgEvent};
+use serde::Serialize;
+
+use crate::units::order_size;
+
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    /// The saved log: `dmesg` output (with or without timestamps), /var/log/messages or kern.log,
+    /// `journalctl -k` (also `-o short-iso`, `-o export`, `-o json`); `-` reads stdin.
+    #[arg(value_name = "LOGFILE")]
+    pub log: PathBuf,
+    /// Print the findings as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Everything `--json` prints.
+#[derive(Debug, Serialize)]
+pub struct ScanReport {
+    pub file: String,
+    pub lines: usize,
+    pub failures: Vec<Found>,
+    /// Failure counts keyed by order, GFP mode (`0x…(NAMES)`) and command.
+    pub by_order: BTreeMap<u32, usize>,
+    pub by_mode: BTreeMap<String, usize>,
+    pub by_command: BTreeMap<String, usize>,
+    pub oom_invoked: Vec<Found>,
+    pub oom_killed: Vec<Found>,
+    pub oom_no_victim: usize,
+    pub profiles: Vec<Profile>,
+    /// `FILE:LINE: reason` for lines that looked like ours but could not be read.
+    pub warnings: Vec<String>,
+}
+
+/// A Mem-Info free-area line, ready for the fragmenter.
+#[derive(Debug, Serialize)]
+pub struct Profile {
+    pub line: usize,
+    pub timestamp: Option<f64>,
+    pub area: FreeArea,
+    /// The report it belongs to: the last failure or OOM line before it, if any.
+    pub after: Option<String>,
+    /// `fraglab fragment --profile "…"`.
+    pub command: String,
+}
+
+pub fn run(args: ScanArgs) -> Result<ExitCode> {
+    let (name, bytes) = if args.log.as_os_str() == "-" {
+        let mut b = Vec::new();
+        std::io::stdin().read_to_end(&mut b).context("cannot read stdin")?;
+        ("<stdin>".to_string(), b)
+    } else {
+        let b = std::fs::read(&args.log).with_context(|| format!("cannot read {}", args.log.display()))?;
+        (args.log.display().to_string(), b)
+    };
+    // Saved logs carry stray binary (serial consoles, NULs in `^@` form); read what is text.
+    let text = String::from_utf8_lossy(&bytes);
+    let report = scan(&text, &name);
+    for w in &report.warnings {
+        eprintln!("fraglab scan: warning: {w}");
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", human(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Scan `text` (from `name`) and group what was found.
+pub fn scan(text: &str, name: &str) -> ScanReport {
+    let s = scan_log(text, name);
+    let mut r = ScanReport {
+        file: name.to_string(),
+        lines: s.lines,
+        failures: Vec::new(),
+        by_order: BTreeMap::new(),
+        by_mode: BTreeMap::new(),
+        by_command: BTreeMap::new(),
+        oom_invoked: Vec::new(),
+        oom_killed: Vec::new(),
+        oom_no_victim: 0,
+        profiles: Vec::new(),
+        warnings: s.warnings.iter().map(|w| w.to_string()).collect(),
+    };
+    let mut last_report: Option<String> = None;
+    for found in s.events {
+        match &found.event {
+            KmsgEvent::AllocFailure(f) => {
+                *r.by_order.entry(f.order).or_default() += 1;
+                let mode = f.gfp.as_ref().map_or_else(|| "(not logged)".to_string(), |g| g.to_string());
+                *r.by_mode.entry(mode).or_default() += 1;
+                *r.by_command.entry(f.comm.clone()).or_default() += 1;
+                last_report =
+                    Some(format!("line {}: {} order-{} allocation failure", found.line, f.comm, f.order));
+                r.failures.push(found);
+            }
+            KmsgEvent::OomInvoked(o) => {
+                let order = o.order.map_or_else(String::new, |o| format!(" (order {o})"));
+                last_report = Some(format!("line {}: {} invoked the OOM killer{order}", found.line, o.comm));
+                r.oom_invoked.push(found);
+            }
+            KmsgEvent::OomKilled(_) => r.oom_killed.push(found),
+            KmsgEvent::OomNoVictim => r.oom_no_victim += 1,
+            KmsgEvent::FreeArea(area) => {
+                // The line as the kernel prints it; scan_log already joined a wrapped one.
+                let command = format!("fraglab fragment --profile \"{}\"", area.to_line());
+                r.profiles.push(Profile {
+                    line: found.line,
+                    timestamp: found.timestamp,
+                    area: area.clone(),
+                    after: last_report.clone(),
+                    command,
+                });
+            }
+        }
+    }
+    r
+}
+
+fn human(r: &ScanReport) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, "{}: {} lines", r.file, r.lines);
+    let _ = writeln!(o, "\nPage allocation failures: {}", r.failures.len());
+    if !r.failures.is_empty() {
+        let orders: Vec<String> =
+            r.by_order.iter().map(|(k, n)| format!("order {k} ({}) ×{n}", order_size(*k as usize))).collect();
+        let _ = writeln!(o, "  by order:   {}", orders.join(", "));
+        for (title, counts) in [("mode", &r.by_mode), ("command", &r.by_command)] {
+            let _ = writeln!(o, "  by {title}:");
+            // Most frequent first; ties in name order.
+            let mut v: Vec<_> = counts.iter().collect();
+            v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            for (key, n) in v {
+                let _ = writeln!(o, "    ×{n:<4} {key}");
+            }
+        }
+    }
+    let _ = writeln!(
+        o,
+        "\nOOM killer: invoked {} time(s), killed {} process(es){}",
+        r.oom_invoked.len(),
+        r.oom_killed.len(),
+        if r.oom_no_victim > 0 {
+            format!(", found no victim {} time(s)", r.oom_no_victim)
+        } else {
+            String::new()
+        }
+    );
+    for k in &r.oom_invoked {
+        if let KmsgEvent::OomInvoked(i) = &k.event {
+            let gfp = i.gfp.as_ref().map_or_else(String::new, |g| format!(", gfp_mask={g}"));
+            let order = i.order.map_or_else(String::new, |o| format!(", order {o}"));
+            let _ = writeln!(o, "  line {:>6}  invoked by {}{order}{gfp}", k.line, i.comm);
+        }
+    }
+    for k in &r.oom_killed {
+        if let KmsgEvent::OomKilled(x) = &k.event {
+            let rss = x.anon_rss_kb.map_or_else(String::new, |kb| format!(", anon-rss {kb}kB"));
+            let memcg = if x.memcg { " (memory cgroup)" } else { "" };
+            let _ = writeln!(o, "  line {:>6}  killed {} ({}){rss}{memcg}", k.line, x.pid, x.comm);
+        }
+    }
+    let _ = writeln!(o, "\nMem-Info free areas: {}", r.profiles.len());
+    if !r.profiles.is_empty() {
+        let _ = writeln!(o, "  each one a target for the fragmenter (add --dry-run to see the plan first):");
+    }
+    for p in &r.profiles {
+        let zone = format!(
+            "{}{}",
+            p.area.node.map_or_else(String::new, |n| format!("Node {n} ")),
+            p.area.zone.as_deref().unwrap_or("?")
+        );
+        let largest = p
+            .area
+            .max_free_order()
+            .map_or_else(|| "nothing free".to_string(), |k| format!("largest free order {k}"));
+        let after = p.after.as_deref().map_or_else(String::new, |a| format!(", after {a}"));
+        let _ = writeln!(o, "  line {}: {zone}, {} kB free, {largest}{after}", p.line, p.area.free_kb());
+        let _ = writeln!(o, "    {}", p.command);
+    }
+    if !r.warnings.is_empty() {
+        let _ = writeln!(o, "\n{} line(s) could not be read (see the warnings above)", r.warnings.len());
+    }
+    o
+}

@@ -1,0 +1,193 @@
+//! `fraglab scan` as a user runs it, on the real reports in crates/probe/tests/captures/kmsg (their
+//! sources are in that directory's README): counts, JSON, and every profile it prints accepted,
+//! verbatim through a shell, by `fraglab fragment --profile … --dry-run`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+
+fn capture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../probe/tests/captures/kmsg").join(name)
+}
+
+/// A scratch run directory, so no command here can touch a real fragmenter's journal.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("fraglab-scan-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(FRAGLAB).arg("--run-dir").arg(self.0.join("run")).args(args).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(out.status.success(), "fraglab {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scan_json(s: &Scratch, name: &str) -> Value {
+    let path = capture(name);
+    serde_json::from_str(&s.ok(&["scan", path.to_str().unwrap(), "--json"])).unwrap()
+}
+
+#[test]
+fn failure_report_with_mem_info() {
+    let s = Scratch::new("xorg");
+    let path = capture("linux-mm-2019-08-05-xorg-order4.dmesg");
+    let out = s.ok(&["scan", path.to_str().unwrap()]);
+    assert!(out.contains("Page allocation failures: 1"), "{out}");
+    assert!(out.contains("order 4 (64K) ×1"), "{out}");
+    assert!(out.contains("×1    0x40dc0(GFP_KERNEL|__GFP_COMP|__GFP_ZERO)"), "{out}");
+    assert!(out.contains("×1    Xorg"), "{out}");
+    assert!(out.contains("Mem-Info free areas: 3"), "{out}");
+    assert!(out.contains(
+        "fraglab fragment --profile \"Node 0 Normal: 3277*4kB (UME) 1459*8kB (UME) 2012*16kB (UME) \
+         1869*32kB (UMEH) 742*64kB (UMEH) 178*128kB (UMEH) 14*256kB (UM) 0*512kB 0*1024kB 0*2048kB \
+         0*4096kB = 190636kB\""
+    ));
+    assert!(out.contains("line 73: Node 0 Normal, 190636 kB free, largest free order 6, after line 1: Xorg order-4 allocation failure"), "{out}");
+
+    let j = scan_json(&s, "linux-mm-2019-08-05-xorg-order4.dmesg");
+    assert_eq!(j["lines"], 85);
+    assert_eq!(j["by_order"]["4"], 1);
+    assert_eq!(j["by_command"]["Xorg"], 1);
+    assert_eq!(j["failures"][0]["event"]["kind"], "alloc_failure");
+    assert_eq!(j["failures"][0]["event"]["gfp"]["mask"], 0x40dc0);
+    assert_eq!(j["failures"][0]["timestamp"], 3225.313209);
+    assert_eq!(j["profiles"].as_array().unwrap().len(), 3);
+    assert_eq!(j["profiles"][2]["area"]["free"][3], 1869);
+    assert_eq!(j["warnings"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn oom_logs() {
+    let s = Scratch::new("oom");
+    let j = scan_json(&s, "linux-mm-2019-01-06-memcg-oom.dmesg");
+    assert_eq!(j["oom_invoked"].as_array().unwrap().len(), 4);
+    let pids: Vec<_> =
+        j["oom_killed"].as_array().unwrap().iter().map(|k| k["event"]["pid"].as_u64().unwrap()).collect();
+    assert_eq!(pids, [8204, 8205, 8206, 8203]);
+    assert_eq!(j["oom_no_victim"], 2);
+    assert_eq!(j["failures"].as_array().unwrap().len(), 0);
+
+    let path = capture("linux-mm-2016-08-02-oom.syslog");
+    let out = s.ok(&["scan", path.to_str().unwrap()]);
+    assert!(
+        out.contains(
+            "invoked by x2golistsession, order 2, gfp_mask=0x27000c0(GFP_KERNEL_ACCOUNT|__GFP_NOTRACK)"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("after line 1: x2golistsession invoked the OOM killer (order 2)"), "{out}");
+}
+
+/// Logs concatenated from every capture, through stdin: the forms mix without confusing each other.
+#[test]
+fn every_capture_through_stdin() {
+    let s = Scratch::new("stdin");
+    let mut all = String::new();
+    let mut names: Vec<_> = std::fs::read_dir(capture(""))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.ends_with(".md") && !n.ends_with(".raw"))
+        .collect();
+    names.sort();
+    for n in &names {
+        all.push_str(&std::fs::read_to_string(capture(n)).unwrap());
+        all.push('\n');
+    }
+    let mut child = Command::new(FRAGLAB)
+        .arg("--run-dir")
+        .arg(s.0.join("run"))
+        .args(["scan", "-", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(all.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["file"], "<stdin>");
+    // Xorg, ksoftirqd/0, libxl-save-help, glusterfsd + 4 swapper, swapper (RHEL 2.6.32 order 2),
+    // java, swapper/12, dmwb_writeback_, node_exporter.
+    assert_eq!(j["failures"].as_array().unwrap().len(), 13);
+    assert_eq!(j["by_command"]["swapper"], 5);
+    assert_eq!(j["by_order"]["1"], 5);
+    assert_eq!(j["by_order"]["4"], 2);
+    assert_eq!(j["profiles"].as_array().unwrap().len(), 6);
+    assert_eq!(j["warnings"].as_array().unwrap().len(), 0, "{}", j["warnings"]);
+}
+
+/// Every profile scan prints is a command the fragmenter takes as it is, quotes and all.
+#[test]
+fn printed_profiles_are_accepted_by_fragment_dry_run() {
+    let s = Scratch::new("dry");
+    let mut n = 0;
+    for name in [
+        "linux-mm-2019-08-05-xorg-order4.dmesg",
+        "linux-mm-2016-08-02-oom.syslog",
+        "dcache-3787-swapper-order0.dmesg",
+    ] {
+        let j = scan_json(&s, name);
+        for p in j["profiles"].as_array().unwrap() {
+            let command = p["command"].as_str().unwrap();
+            let rest = command.strip_prefix("fraglab ").unwrap();
+            let shell = format!("'{FRAGLAB}' --run-dir '{}' {rest} --dry-run", s.0.join("run").display());
+            let out = Command::new("sh").arg("-c").arg(&shell).output().unwrap();
+            assert!(out.status.success(), "{shell}: {}", String::from_utf8_lossy(&out.stderr));
+            let plan = String::from_utf8_lossy(&out.stdout);
+            let zone = p["area"]["zone"].as_str().unwrap();
+            let free: Vec<String> =
+                p["area"]["free"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
+            assert!(plan.contains(&format!("profile {zone} [{}]", free.join(", "))), "{plan}");
+            assert!(plan.contains("dry run: nothing taken, nothing changed"), "{plan}");
+            n += 1;
+        }
+    }
+    assert_eq!(n, 6);
+}
+
+#[test]
+fn errors_and_warnings_name_the_file() {
+    let s = Scratch::new("errors");
+    let missing = s.0.join("no-such.log");
+    let out = s.run(&["scan", missing.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot read {}", missing.display())), "{err}");
+
+    let bad = s.0.join("bad.log");
+    std::fs::write(
+        &bad,
+        "[    1.000000] fine\n[    2.000000] x: page allocation failure: order:x, mode:0x20\n[    3.000000] Node 0 Normal: 1*4kB 1*8kB = 16kB\n",
+    )
+    .unwrap();
+    let out = s.run(&["scan", bad.to_str().unwrap()]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("fraglab scan: warning: {}:2: ", bad.display())), "{err}");
+    assert!(
+        err.contains(&format!("{}:3: the entries add up to 12kB but the line says = 16kB", bad.display())),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2 line(s) could not be read"));
+}
