@@ -1,0 +1,315 @@
+//! The guest's PID 1 (`fraglab vm --guest-init`, started by the kernel through `rdinit=`): mount
+//! the kernel's filesystems, bring `lo` up, load the modules, run the job as a child, relay its
+//! stdout and stderr, send the results directory and the verdict over the channel, power off.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::channel::{self, Tag, Verdict};
+
+/// Where the host puts the job in the initramfs.
+pub const JOB_PATH: &str = "/fraglab/job.json";
+/// The guest's results directory: the command's working directory, copied back to `--results`.
+pub const RESULTS_DIR: &str = "/results";
+/// The channel's serial port.
+const CHANNEL_TTY: &str = "/dev/ttyS1";
+
+/// What the guest is to do, written by the host into the initramfs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Job {
+    /// The program and its arguments (`/bin/fraglab probe --json`, `/bin/sh /fraglab/script`).
+    pub argv: Vec<String>,
+    /// Guest paths of the modules to load, in order.
+    pub modules: Vec<String>,
+    /// Extra directories for PATH (where --extra-bin programs live).
+    pub path: Vec<String>,
+}
+
+/// Never returns: the guest powers off.
+pub fn run() -> ! {
+    if std::process::id() != 1 {
+        eprintln!("fraglab vm --guest-init runs only as a guest's PID 1 (rdinit=)");
+        std::process::exit(2);
+    }
+    let verdict = match Channel::open() {
+        Ok(mut ch) => {
+            let verdict = match guest_main(&mut ch) {
+                Ok(v) => v,
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    ch.warn(&format!("init failed: {msg}"));
+                    Verdict::InitFailed(msg)
+                }
+            };
+            ch.finish(&verdict);
+            verdict
+        }
+        Err(e) => {
+            // The console is all we have; the host will see no verdict and show it.
+            eprintln!("fraglab vm init: cannot open the channel {CHANNEL_TTY}: {e:#}");
+            Verdict::InitFailed(e.to_string())
+        }
+    };
+    let _ = verdict;
+    power_off()
+}
+
+struct Channel {
+    tty: File,
+}
+
+impl Channel {
+    fn open() -> Result<Channel> {
+        let tty = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open(CHANNEL_TTY)
+            .context("open")?;
+        raw_mode(&tty)?;
+        let mut ch = Channel { tty };
+        ch.tty.write_all(channel::MAGIC)?;
+        Ok(ch)
+    }
+
+    fn frame(&mut self, tag: Tag, payload: &[u8]) {
+        if let Err(e) = channel::write_frame(&mut self.tty, tag, payload) {
+            eprintln!("fraglab vm init: channel write failed: {e}");
+        }
+    }
+
+    fn log(&mut self, msg: &str) {
+        self.frame(Tag::Log, msg.as_bytes());
+    }
+
+    fn warn(&mut self, msg: &str) {
+        self.frame(Tag::Warn, msg.as_bytes());
+    }
+
+    /// The results directory, then the verdict; then wait until the UART has sent every byte.
+    fn finish(&mut self, verdict: &Verdict) {
+        let mut archive = Vec::new();
+        match super::initramfs::pack_dir(Path::new(RESULTS_DIR), &mut archive) {
+            Ok(skipped) => {
+                for s in skipped {
+                    self.warn(&format!("results: skipped {} (not a file or directory)", s.display()));
+                }
+                self.frame(Tag::Results, &archive);
+            }
+            Err(e) => self.warn(&format!("cannot pack {RESULTS_DIR}: {e:#}")),
+        }
+        let v = serde_json::to_vec(verdict).expect("verdict serializes");
+        self.frame(Tag::Exit, &v);
+        // SAFETY: tcdrain on our own open tty.
+        unsafe { libc::tcdrain(self.tty.as_raw_fd()) };
+    }
+}
+
+use std::os::unix::fs::OpenOptionsExt;
+
+/// Raw 8-bit, no echo, no flow control, no newline translation.
+fn raw_mode(tty: &File) -> Result<()> {
+    // SAFETY: termios is plain data; tcgetattr/tcsetattr on our own fd.
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        if libc::tcgetattr(tty.as_raw_fd(), &mut t) != 0 {
+            return Err(std::io::Error::last_os_error()).context("tcgetattr");
+        }
+        libc::cfmakeraw(&mut t);
+        t.c_cflag &= !(libc::CRTSCTS | libc::HUPCL);
+        t.c_cflag |= libc::CLOCAL | libc::CREAD;
+        if libc::tcsetattr(tty.as_raw_fd(), libc::TCSANOW, &t) != 0 {
+            return Err(std::io::Error::last_os_error()).context("tcsetattr");
+        }
+    }
+    Ok(())
+}
+
+fn guest_main(ch: &mut Channel) -> Result<Verdict> {
+    mount_all(ch);
+    if let Err(e) = loopback_up() {
+        ch.warn(&format!("cannot bring lo up: {e:#}"));
+    }
+    let job: Job = serde_json::from_slice(&std::fs::read(JOB_PATH).context(JOB_PATH)?).context(JOB_PATH)?;
+    for m in &job.modules {
+        let t = Instant::now();
+        match load_module(m) {
+            Ok(true) => ch.log(&format!("loaded {m} in {} ms", t.elapsed().as_millis())),
+            Ok(false) => ch.log(&format!("{m}: already loaded")),
+            Err(e) => ch.warn(&format!("cannot load {m}: {e:#}")),
+        }
+    }
+    let uptime = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+    ch.log(&format!("running {:?} at uptime {}", job.argv, uptime.split_whitespace().next().unwrap_or("?")));
+    let verdict = run_job(ch, &job)?;
+    if let Ok(t) = std::fs::read_to_string("/proc/sys/kernel/tainted") {
+        let taint: u64 = t.trim().parse().unwrap_or(0);
+        // D (died: an oops) and W (a WARN) are what a kernel under test should not do.
+        if taint & (1 << 7 | 1 << 9) != 0 {
+            ch.warn(&format!(
+                "the guest kernel is tainted {taint:#x}{}{}: see its console (--verbose)",
+                if taint & (1 << 7) != 0 { " D (oops)" } else { "" },
+                if taint & (1 << 9) != 0 { " W (warning)" } else { "" }
+            ));
+        }
+    }
+    Ok(verdict)
+}
+
+fn mount_all(ch: &mut Channel) {
+    let mounts: [(&str, &str, &str); 6] = [
+        ("proc", "/proc", "proc"),
+        ("sysfs", "/sys", "sysfs"),
+        ("devtmpfs", "/dev", "devtmpfs"),
+        ("tracefs", "/sys/kernel/tracing", "tracefs"),
+        ("debugfs", "/sys/kernel/debug", "debugfs"),
+        ("tmpfs", "/dev/shm", "tmpfs"),
+    ];
+    for (src, target, fstype) in mounts {
+        let _ = std::fs::create_dir_all(target);
+        if let Err(e) =
+            nix::mount::mount(Some(src), target, Some(fstype), nix::mount::MsFlags::empty(), None::<&str>)
+        {
+            ch.warn(&format!("cannot mount {fstype} on {target}: {e}"));
+        }
+    }
+}
+
+/// `ip link set lo up` without `ip`: SIOCGIFFLAGS, set IFF_UP, SIOCSIFFLAGS.
+fn loopback_up() -> Result<()> {
+    // SAFETY: a socket we close; ifreq is plain data sized for the ioctls.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("socket");
+        }
+        let _fd = OwnedFd::from_raw_fd(fd);
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(std::io::Error::last_os_error()).context("SIOCGIFFLAGS lo");
+        }
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(std::io::Error::last_os_error()).context("SIOCSIFFLAGS lo");
+        }
+    }
+    Ok(())
+}
+
+/// finit_module(2); false when the module is already there.
+fn load_module(path: &str) -> Result<bool> {
+    let f = File::open(path).context("open")?;
+    let params = CString::new("").expect("no NUL");
+    // SAFETY: finit_module with an fd we own and an empty parameter string.
+    let rc = unsafe { libc::syscall(libc::SYS_finit_module, f.as_raw_fd(), params.as_ptr(), 0) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EEXIST) {
+        return Ok(false);
+    }
+    Err(e).context("finit_module")
+}
+
+/// Run the job with stdout and stderr on pipes relayed to the channel, reaping every orphan (we are
+/// PID 1) until the job itself exits. Output still arriving then is relayed for up to a second: a
+/// background process that keeps the pipes open must not keep the guest up.
+fn run_job(ch: &mut Channel, job: &Job) -> Result<Verdict> {
+    let Some((prog, args)) = job.argv.split_first() else { bail!("empty command") };
+    let mut path = vec!["/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin"];
+    path.extend(job.path.iter().map(String::as_str));
+    let mut child = match Command::new(prog)
+        .args(args)
+        .env_clear()
+        .env("PATH", path.join(":"))
+        .env("HOME", "/root")
+        .env("TERM", "dumb")
+        .env("FRAGLAB_VM", "1")
+        .env("FRAGLAB_RESULTS", RESULTS_DIR)
+        .current_dir(RESULTS_DIR)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => return Ok(Verdict::InitFailed(format!("cannot run {prog}: {e}"))),
+    };
+    let pid = child.id() as libc::pid_t;
+    let mut out = child.stdout.take().map(|o| File::from(OwnedFd::from(o)));
+    let mut err = child.stderr.take().map(|e| File::from(OwnedFd::from(e)));
+    let mut status = None;
+    let mut linger_until = None;
+    let mut buf = vec![0u8; channel::MAX_FRAME];
+    loop {
+        // Reap: the job, and orphans re-parented to us (daemons' parents, a script's children).
+        loop {
+            let mut st = 0;
+            // SAFETY: waitpid on any child, without blocking.
+            let r = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+            if r <= 0 {
+                break;
+            }
+            if r == pid {
+                status = Some(std::process::ExitStatus::from_raw(st));
+                linger_until = Some(Instant::now() + Duration::from_secs(1));
+            }
+        }
+        if out.is_none() && err.is_none() && status.is_some() {
+            break;
+        }
+        if linger_until.is_some_and(|t| Instant::now() > t) {
+            break;
+        }
+        let mut fds: Vec<libc::pollfd> = [&out, &err]
+            .iter()
+            .map(|f| libc::pollfd {
+                fd: f.as_ref().map_or(-1, |f| f.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: poll over our own descriptors (-1 entries are ignored).
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+        for (i, pfd) in fds.iter().enumerate() {
+            if pfd.revents == 0 {
+                continue;
+            }
+            let (slot, tag) = if i == 0 { (&mut out, Tag::Stdout) } else { (&mut err, Tag::Stderr) };
+            let Some(f) = slot.as_mut() else { continue };
+            match f.read(&mut buf) {
+                Ok(0) | Err(_) => *slot = None,
+                Ok(n) => ch.frame(tag, &buf[..n]),
+            }
+        }
+    }
+    let status = status.expect("loop ends only after the job exits");
+    Ok(match (status.code(), status.signal()) {
+        (Some(c), _) => Verdict::Exited(c),
+        (None, Some(s)) => Verdict::Signaled(s),
+        _ => Verdict::InitFailed(format!("job ended oddly: {status:?}")),
+    })
+}
+
+fn power_off() -> ! {
+    // SAFETY: sync and reboot(2) take no pointers; as PID 1 we are allowed to power off.
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::RB_POWER_OFF);
+    }
+    // reboot only returns on failure; PID 1 exiting panics the kernel, which qemu also ends on.
+    std::process::exit(125)
+}

@@ -1,0 +1,297 @@
+//! One boot: the qemu command line, the two serial ports (console, channel), the timeout, and what
+//! came out.
+//!
+//! Port 1 (`ttyS0`) is the kernel console: qemu's stdout, kept in `console.log` and the last lines in
+//! memory, shown live with --verbose. Port 2 (`ttyS1`) is the [`channel`](super::channel): qemu
+//! connects it to a Unix socket this process listens on. Both are 8250 UARTs, which every x86 kernel
+//! config has built in (Debian's cloud kernel has virtio, ATA and SCSI only as modules, and no 9p).
+//! With `-no-reboot` and `panic=-1` a panicking kernel makes qemu exit; a guest that powers off
+//! makes it exit 0 too, so only the channel's verdict frame says how the command ended.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::channel::{self, Tag, Verdict};
+
+/// Lines of console kept to explain a boot that went wrong.
+const TAIL_LINES: usize = 40;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accel {
+    Kvm,
+    Tcg,
+}
+
+impl Accel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+pub struct Boot<'a> {
+    pub qemu: &'a Path,
+    pub accel: Accel,
+    pub kernel: &'a Path,
+    pub initrd: &'a Path,
+    pub cmdline: String,
+    pub mem_mib: u64,
+    pub cpus: u32,
+    pub timeout: Duration,
+    pub verbose: bool,
+    pub workdir: &'a Path,
+    /// Give up early when the guest's init has not spoken within this long (KVM that cannot boot
+    /// this guest hangs rather than fails).
+    pub hello_within: Option<Duration>,
+}
+
+/// How a boot ended.
+pub enum Outcome {
+    /// The guest's init reported the command's end.
+    Finished { verdict: Verdict, results: Vec<u8>, boot: Duration, total: Duration },
+    /// qemu exited without a verdict: a kernel panic (panic=-1, -no-reboot), init dying, qemu failing.
+    NoVerdict { qemu_status: String, qemu_stderr: String, console_tail: Vec<String> },
+    /// The host-side timeout passed; qemu was killed.
+    TimedOut { console_tail: Vec<String>, init_started: bool },
+    /// `hello_within` passed without the guest's init speaking; qemu was killed.
+    NoHello { console_tail: Vec<String> },
+}
+
+#[derive(Default)]
+struct Shared {
+    hello: Option<Instant>,
+    verdict: Option<Verdict>,
+    results: Vec<u8>,
+    error: Option<String>,
+}
+
+impl Boot<'_> {
+    pub fn args(&self, socket: &Path) -> Vec<String> {
+        let mut a: Vec<String> =
+            vec!["-nodefaults".into(), "-no-user-config".into(), "-display".into(), "none".into()];
+        a.push("-no-reboot".into());
+        match self.accel {
+            Accel::Kvm => a.extend(["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]),
+            Accel::Tcg => a.extend(["-accel".into(), "tcg,thread=multi".into()]),
+        }
+        a.extend(["-m".into(), format!("{}M", self.mem_mib), "-smp".into(), self.cpus.to_string()]);
+        a.extend(["-kernel".into(), self.kernel.display().to_string()]);
+        a.extend(["-initrd".into(), self.initrd.display().to_string()]);
+        a.extend(["-append".into(), self.cmdline.clone()]);
+        a.extend([
+            "-chardev".into(),
+            "stdio,id=con,signal=off".into(),
+            "-serial".into(),
+            "chardev:con".into(),
+        ]);
+        a.extend(["-chardev".into(), format!("socket,id=ctl,path={}", socket.display())]);
+        a.extend(["-serial".into(), "chardev:ctl".into()]);
+        a
+    }
+
+    pub fn run(&self) -> Result<Outcome> {
+        let socket = self.workdir.join("channel.sock");
+        let _ = std::fs::remove_file(&socket);
+        let listener =
+            UnixListener::bind(&socket).with_context(|| format!("cannot listen on {}", socket.display()))?;
+        listener.set_nonblocking(true)?;
+        let args = self.args(&socket);
+        if self.verbose {
+            eprintln!("fraglab vm: {} {}", self.qemu.display(), shell_words(&args));
+        }
+        let start = Instant::now();
+        let mut child = Command::new(self.qemu)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "cannot run {} (install it: apt-get install --no-install-recommends qemu-system-x86)",
+                    self.qemu.display()
+                )
+            })?;
+
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let console = {
+            let out = child.stdout.take().expect("piped");
+            let tail = Arc::clone(&tail);
+            let log = self.workdir.join("console.log");
+            let verbose = self.verbose;
+            std::thread::spawn(move || console_reader(out, &log, &tail, verbose))
+        };
+        let stderr = {
+            let mut err = child.stderr.take().expect("piped");
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = err.read_to_string(&mut s);
+                s
+            })
+        };
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let chan = {
+            let shared = Arc::clone(&shared);
+            let stop = Arc::clone(&stop);
+            let verbose = self.verbose;
+            std::thread::spawn(move || channel_reader(listener, &shared, &stop, verbose))
+        };
+
+        let mut killed = None;
+        let status = loop {
+            if let Some(s) = child.try_wait()? {
+                break s;
+            }
+            let hello = shared.lock().expect("channel state").hello;
+            if start.elapsed() > self.timeout {
+                killed = Some(false);
+            } else if hello.is_none() && self.hello_within.is_some_and(|d| start.elapsed() > d) {
+                killed = Some(true);
+            }
+            if killed.is_some() {
+                let _ = child.kill();
+                break child.wait()?;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let total = start.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        let _ = chan.join();
+        let _ = console.join();
+        let qemu_stderr = stderr.join().unwrap_or_default();
+        let console_tail: Vec<String> = tail.lock().expect("tail").iter().cloned().collect();
+        let mut s = shared.lock().expect("channel state");
+        if let Some(e) = &s.error {
+            eprintln!("fraglab vm: channel: {e}");
+        }
+        Ok(match (killed, s.verdict.take()) {
+            (Some(true), _) => Outcome::NoHello { console_tail },
+            (Some(false), _) => Outcome::TimedOut { console_tail, init_started: s.hello.is_some() },
+            (None, Some(verdict)) => Outcome::Finished {
+                verdict,
+                results: std::mem::take(&mut s.results),
+                boot: s.hello.map(|h| h - start).unwrap_or_default(),
+                total,
+            },
+            (None, None) => Outcome::NoVerdict { qemu_status: status.to_string(), qemu_stderr, console_tail },
+        })
+    }
+}
+
+fn console_reader(out: impl Read, log: &Path, tail: &Mutex<VecDeque<String>>, verbose: bool) {
+    let mut file = std::fs::File::create(log).ok();
+    let mut r = BufReader::new(out);
+    let mut line = Vec::new();
+    while let Ok(n) = r.read_until(b'\n', &mut line) {
+        if n == 0 {
+            break;
+        }
+        if let Some(f) = file.as_mut() {
+            let _ = f.write_all(&line);
+        }
+        let text = String::from_utf8_lossy(&line).trim_end_matches(['\r', '\n']).to_string();
+        if verbose {
+            eprintln!("console: {text}");
+        }
+        let mut t = tail.lock().expect("tail");
+        if t.len() == TAIL_LINES {
+            t.pop_front();
+        }
+        t.push_back(text);
+        line.clear();
+    }
+}
+
+fn channel_reader(listener: UnixListener, shared: &Mutex<Shared>, stop: &AtomicBool, verbose: bool) {
+    let stream = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => {
+                shared.lock().expect("channel state").error = Some(format!("accept: {e}"));
+                return;
+            }
+        }
+    };
+    let _ = stream.set_nonblocking(false);
+    let mut reader = channel::Reader::new(BufReader::new(stream));
+    loop {
+        let frame = reader.next_frame();
+        if reader.synced() {
+            let mut s = shared.lock().expect("channel state");
+            if s.hello.is_none() {
+                s.hello = Some(Instant::now());
+            }
+        }
+        let (tag, payload) = match frame {
+            Ok(Some(f)) => f,
+            Ok(None) => return,
+            Err(e) => {
+                shared.lock().expect("channel state").error = Some(e.to_string());
+                return;
+            }
+        };
+        match tag {
+            Tag::Stdout => {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(&payload);
+                let _ = o.flush();
+            }
+            Tag::Stderr => {
+                let _ = std::io::stderr().lock().write_all(&payload);
+            }
+            Tag::Log if verbose => {
+                eprintln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end())
+            }
+            Tag::Log => {}
+            Tag::Warn => eprintln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end()),
+            Tag::Results => shared.lock().expect("channel state").results.extend_from_slice(&payload),
+            Tag::Exit => {
+                let v = serde_json::from_slice::<Verdict>(&payload)
+                    .unwrap_or_else(|e| Verdict::InitFailed(format!("unreadable verdict: {e}")));
+                shared.lock().expect("channel state").verdict = Some(v);
+            }
+        }
+    }
+}
+
+/// Arguments quoted for a shell, for --verbose and error messages.
+pub fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| {
+            if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_=/.,:+@%".contains(c)) {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Can this process use KVM at all? (Whether KVM can boot *this* guest is only known by trying.)
+pub fn kvm_openable() -> bool {
+    std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok()
+}
+
+/// Where the verdict of trying KVM is remembered, per host kernel.
+pub fn accel_memo(cache: &Path) -> PathBuf {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    cache.join(format!("accel-{}", release.trim()))
+}
