@@ -1,0 +1,424 @@
+//! tcp-stream, tcp-rr, tcp-crr and `fraglab serve` on real sockets: loopback, a refused connect, and
+//! two hosts made of two network namespaces joined by a veth pair that this test creates (and
+//! deletes). No traffic leaves loopback or those namespaces.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fraglab::workload::result::WorkloadResult;
+use fraglab::workload::tcp::{crr, rr, stream, RrArgs, StreamArgs};
+use serde_json::Value;
+
+const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+
+/// A private `--run-dir`, so the binary never touches the journal of a fragmenter someone runs.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("fraglab-tcp-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+
+    fn cmd(&self, netns: Option<&str>) -> Command {
+        let mut c = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, FRAGLAB]);
+                c
+            }
+            None => Command::new(FRAGLAB),
+        };
+        c.arg("--run-dir").arg(self.0.join("run"));
+        c
+    }
+
+    fn fraglab(&self, netns: Option<&str>, args: &[&str]) -> Output {
+        self.cmd(netns).args(args).output().expect("run fraglab")
+    }
+
+    fn json(&self, netns: Option<&str>, args: &[&str]) -> Value {
+        let out = self.fraglab(netns, args);
+        assert!(
+            out.status.success(),
+            "fraglab {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("--json prints one JSON object")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn stream_args(threads: usize, duration: &str) -> StreamArgs {
+    StreamArgs { threads, duration: duration.into(), msg: "16KiB".into(), ..Default::default() }
+}
+
+fn rr_args(clients: usize, duration: &str) -> RrArgs {
+    RrArgs { clients, duration: duration.into(), req: "256".into(), resp: "256".into(), ..Default::default() }
+}
+
+fn detail(r: &WorkloadResult, key: &str) -> u64 {
+    r.details.get(key).and_then(Value::as_u64).unwrap_or_else(|| panic!("details.{key} missing: {r:#?}"))
+}
+
+/// A port on 127.0.0.1 with no listener: bind an ephemeral one and close it.
+fn closed_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    port
+}
+
+fn assert_clean(r: &WorkloadResult) {
+    assert!(r.errors.is_empty() && r.failed == 0, "errors on loopback: {:?}", r.errors);
+}
+
+#[test]
+fn stream_loopback_receiver_counts_what_the_sender_sent() {
+    let r = stream(&stream_args(3, "1s")).unwrap();
+    assert_clean(&r);
+    assert_eq!(r.kind, "tcp-stream");
+    assert!(r.bytes > 0 && r.ok > 0, "nothing moved: {r:#?}");
+    assert_eq!(detail(&r, "receiver_bytes"), r.bytes, "receiver and sender counts differ");
+    assert_eq!(detail(&r, "sender_bytes"), r.bytes);
+    assert_eq!(detail(&r, "connections"), 3);
+    let _retransmits = detail(&r, "retransmits");
+    assert!(r.ok * 16384 <= r.bytes, "ok counts whole 16 KiB messages");
+    assert!((0.99..3.0).contains(&r.duration_s), "duration {}", r.duration_s);
+    let expect = r.bytes as f64 * 8.0 / r.duration_s / 1e6;
+    let mbit = r.throughput_mbit.unwrap();
+    assert!((mbit - expect).abs() <= expect * 1e-9, "{mbit} Mbit/s vs bytes/duration {expect}");
+    let per_thread = r.details["per_thread_mbit"].as_array().unwrap();
+    assert_eq!(per_thread.len(), 3);
+    let s = r.per_worker.as_ref().unwrap();
+    assert!(s.min > 0.0 && s.min <= s.median && s.median <= s.max);
+    // The threads' rates add up to the total (each measured over its own, nearly equal, window).
+    let sum: f64 = per_thread.iter().map(|v| v.as_f64().unwrap()).sum();
+    assert!((sum - mbit).abs() < mbit * 0.02, "per-thread sum {sum} vs total {mbit}");
+    let cpu = r.cpu.as_ref().unwrap();
+    assert!(cpu.util_pct > 0.0 && cpu.cpus >= 1 && cpu.service_demand_us_per_kb.unwrap() > 0.0);
+    assert!(r.rusage.sys_s > 0.0, "the sends cost system time");
+    assert_eq!(r.params, serde_json::to_value(stream_args(3, "1s")).unwrap());
+}
+
+#[test]
+fn stream_binary_json_schema_and_socket_buffers() {
+    let sc = Scratch::new("json");
+    let v = sc.json(
+        None,
+        &[
+            "workload",
+            "tcp-stream",
+            "--threads",
+            "2",
+            "--duration",
+            "1s",
+            "--msg",
+            "1452",
+            "--sndbuf",
+            "200000",
+            "--rcvbuf",
+            "200000",
+            "--json",
+        ],
+    );
+    for key in [
+        "kind",
+        "params",
+        "started",
+        "duration_s",
+        "ok",
+        "failed",
+        "bytes",
+        "throughput_mbit",
+        "ops_per_sec",
+        "per_worker",
+        "cpu",
+        "errors",
+        "rusage",
+        "details",
+        "notes",
+    ] {
+        assert!(v.get(key).is_some(), "result lacks {key}: {v:#}");
+    }
+    for key in ["min", "median", "max"] {
+        assert!(v["per_worker"][key].is_f64(), "per_worker.{key}");
+    }
+    for key in ["util_pct", "cpus", "service_demand_us_per_kb"] {
+        assert!(v["cpu"].get(key).is_some(), "cpu.{key}");
+    }
+    for key in ["user_s", "sys_s", "maxrss_kb", "minflt", "majflt", "nvcsw", "nivcsw"] {
+        assert!(v["rusage"].get(key).is_some(), "rusage.{key}");
+    }
+    assert_eq!(v["kind"], "tcp-stream");
+    assert_eq!(v["params"]["threads"], 2);
+    assert_eq!(v["params"]["msg"], "1452");
+    assert_eq!(v["params"]["sndbuf"], "200000");
+    assert_eq!(v["errors"], serde_json::json!([]));
+    let bytes = v["bytes"].as_u64().unwrap();
+    assert!(bytes > 0);
+    assert_eq!(v["details"]["receiver_bytes"].as_u64(), Some(bytes));
+    assert_eq!(v["details"]["per_thread_mbit"].as_array().unwrap().len(), 2);
+    // The kernel doubles SO_SNDBUF/SO_RCVBUF (up to net.core.wmem_max/rmem_max).
+    let snd = v["details"]["sndbuf_effective"].as_u64().unwrap();
+    let rcv = v["details"]["rcvbuf_effective"].as_u64().unwrap();
+    assert!((200_000..=400_000).contains(&snd) && (200_000..=400_000).contains(&rcv), "{snd} {rcv}");
+    // Round-trip: the JSON is a WorkloadResult.
+    let r: WorkloadResult = serde_json::from_value(v).unwrap();
+    assert_eq!(r.bytes, bytes);
+
+    // And the human summary of the same kind prints.
+    let out = sc.fraglab(None, &["workload", "tcp-stream", "--threads", "1", "--duration", "300ms"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("tcp-stream — ") && text.contains("Mbit/s"), "{text}");
+}
+
+#[test]
+fn rr_loopback_latency_counts_every_transaction() {
+    let r = rr(&rr_args(4, "1s")).unwrap();
+    assert_clean(&r);
+    assert_eq!(r.kind, "tcp-rr");
+    assert!(r.ok > 0, "no transactions: {r:#?}");
+    assert_eq!(detail(&r, "transactions"), r.ok);
+    assert_eq!(detail(&r, "connections"), 4, "rr keeps one connection per client");
+    assert_eq!(r.bytes, r.ok * 256);
+    let l = r.latency_us.as_ref().unwrap();
+    assert_eq!(l.count, r.ok, "one latency sample per transaction");
+    assert!(
+        l.min <= l.p50 && l.p50 <= l.p90 && l.p90 <= l.p99 && l.p99 <= l.p999 && l.p999 <= l.max,
+        "{l:?}"
+    );
+    let ops = r.ops_per_sec.unwrap();
+    assert!((ops - r.ok as f64 / r.duration_s).abs() < 1e-6 * ops);
+    assert_eq!(r.details["per_client_tps"].as_array().unwrap().len(), 4);
+    assert!(r.per_worker.as_ref().unwrap().min > 0.0, "every client made progress");
+    assert!(detail(&r, "response_bytes") == r.ok * 256);
+    assert!(r.details["service_demand_us_per_tran"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn crr_loopback_one_connection_per_transaction() {
+    let r = crr(&rr_args(2, "1s")).unwrap();
+    assert_clean(&r);
+    assert_eq!(r.kind, "tcp-crr");
+    assert!(r.ok > 0);
+    assert_eq!(detail(&r, "connections"), r.ok, "connections == transactions");
+    assert_eq!(detail(&r, "transactions"), r.ok);
+    assert_eq!(r.latency_us.as_ref().unwrap().count, r.ok);
+    let connect = &r.details["connect_latency_us"];
+    assert_eq!(connect["count"].as_u64(), Some(r.ok));
+    // The transaction's latency includes its connect.
+    assert!(connect["p50"].as_u64().unwrap() <= r.latency_us.as_ref().unwrap().p50);
+    assert!(r.notes.iter().any(|n| n.contains("SO_LINGER 0")), "{:?}", r.notes);
+}
+
+#[test]
+fn refused_connect_is_counted_by_errno_not_an_error() {
+    let peer = format!("127.0.0.1:{}", closed_port());
+    let s = stream(&StreamArgs { peer: Some(peer.clone()), ..stream_args(2, "500ms") }).unwrap();
+    let r1 = rr(&RrArgs { peer: Some(peer.clone()), ..rr_args(2, "300ms") }).unwrap();
+    let r2 = crr(&RrArgs { peer: Some(peer.clone()), ..rr_args(2, "300ms") }).unwrap();
+    for r in [&s, &r1, &r2] {
+        assert_eq!(r.ok, 0, "{}: nothing can succeed", r.kind);
+        assert_eq!(r.bytes, 0);
+        let refused = r.errno_count("ECONNREFUSED");
+        assert!(refused >= 2, "{}: every client's connect is refused: {:?}", r.kind, r.errors);
+        assert_eq!(r.failed, refused, "{}: failed counts the refused connects", r.kind);
+        let e = r.errors.iter().find(|e| e.errno == "ECONNREFUSED").unwrap();
+        assert_eq!(e.code, libc::ECONNREFUSED);
+        assert!(e.first_seen_s < 0.2, "refused at once, first seen {}", e.first_seen_s);
+        assert_eq!(detail(r, "connections"), 0);
+    }
+    assert_eq!(s.details["receiver_bytes"], 0);
+    assert!(s.latency_us.is_none() && r1.latency_us.is_none());
+}
+
+#[test]
+fn bad_input_names_the_flag_and_opens_no_socket() {
+    let sc = Scratch::new("bad");
+    let strace = Command::new("strace").arg("-V").output().is_ok_and(|o| o.status.success());
+    if !strace {
+        eprintln!("strace not installed: checking messages only, not the absence of socket()");
+    }
+    let cases: &[(&[&str], &str)] = &[
+        (&["tcp-stream", "--threads", "0"], "--threads: 0"),
+        (&["tcp-stream", "--duration", "-1s"], "--duration: \"-1s\" is not a duration"),
+        (&["tcp-stream", "--duration", "0s"], "--duration: \"0s\" is zero"),
+        (&["tcp-stream", "--msg", "0"], "--msg: \"0\" is 0 bytes"),
+        (&["tcp-stream", "--msg", "2MB"], "--msg: \"2MB\""),
+        (&["tcp-stream", "--sndbuf", "lots"], "--sndbuf: \"lots\" is not a size"),
+        (&["tcp-stream", "--peer", "127.0.0.1"], "--peer: \"127.0.0.1\" is not HOST:PORT"),
+        (&["tcp-rr", "--clients", "0"], "--clients: 0"),
+        (&["tcp-rr", "--req", "0"], "--req: \"0\" is 0 bytes"),
+        (&["tcp-crr", "--resp", "-5"], "--resp: \"-5\""),
+        (&["tcp-crr", "--duration", "soon"], "--duration: \"soon\" is not a duration"),
+    ];
+    for (args, want) in cases {
+        let trace = sc.0.join("strace.out");
+        let mut c = if strace {
+            let mut c = Command::new("strace");
+            c.args(["-f", "-qq", "-e", "trace=socket,connect,bind", "-o"]).arg(&trace).arg(FRAGLAB);
+            c
+        } else {
+            Command::new(FRAGLAB)
+        };
+        let t = Instant::now();
+        let out = c.arg("--run-dir").arg(sc.0.join("run")).arg("workload").args(*args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(want), "{args:?}: stderr {stderr:?} lacks {want:?}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{args:?} took {:?}", t.elapsed());
+        if strace {
+            let calls = std::fs::read_to_string(&trace).unwrap();
+            assert!(
+                !calls.contains("AF_INET"),
+                "{args:?}: an inet socket was opened before the input was refused:\n{calls}"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two hosts: fraglab serve in one network namespace, the clients in another, over a veth pair.
+
+const SERVER_IP: &str = "10.231.0.1";
+const CLIENT_IP: &str = "10.231.0.2";
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip (iproute2)");
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Two namespaces joined by a veth pair, and the server running in the first. Dropping it kills the
+/// processes it started and deletes both namespaces (their veth ends go with them), also when the
+/// test fails.
+struct TwoHosts {
+    a: String,
+    b: String,
+    server: Option<Child>,
+}
+
+impl TwoHosts {
+    fn new() -> TwoHosts {
+        let pid = std::process::id();
+        let h = TwoHosts { a: format!("fraglab-a-{pid}"), b: format!("fraglab-b-{pid}"), server: None };
+        ip(&["netns", "add", &h.a]);
+        ip(&["netns", "add", &h.b]);
+        // Created inside the namespaces: the host never sees these links or addresses.
+        ip(&["-n", &h.a, "link", "add", "veth-a", "type", "veth", "peer", "name", "veth-b", "netns", &h.b]);
+        ip(&["-n", &h.a, "addr", "add", &format!("{SERVER_IP}/24"), "dev", "veth-a"]);
+        ip(&["-n", &h.b, "addr", "add", &format!("{CLIENT_IP}/24"), "dev", "veth-b"]);
+        for (ns, dev) in [(&h.a, "veth-a"), (&h.b, "veth-b")] {
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        h
+    }
+
+    fn pids(&self, ns: &str) -> Vec<i32> {
+        let out = Command::new("ip").args(["netns", "pids", ns]).output();
+        out.map(|o| {
+            String::from_utf8_lossy(&o.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect()
+        })
+        .unwrap_or_default()
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in [&self.a, &self.b] {
+            // Anything of ours still in the namespace (none, unless a client hung).
+            for pid in self.pids(ns) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+            }
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+#[test]
+fn two_hosts_over_veth_serve_and_peer() {
+    assert!(nix::unistd::Uid::effective().is_root(), "the netns test needs root (ip netns add)");
+    let sc = Scratch::new("netns");
+    let mut hosts = TwoHosts::new();
+    let mut server = sc
+        .cmd(Some(&hosts.a))
+        .args(["serve", "--listen", &format!("{SERVER_IP}:0"), "--duration", "60s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start fraglab serve");
+    let mut stdout = BufReader::new(server.stdout.take().unwrap());
+    hosts.server = Some(server);
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let addr = line
+        .split_whitespace()
+        .skip_while(|w| *w != "on")
+        .nth(1)
+        .unwrap_or_else(|| panic!("serve printed {line:?}"))
+        .to_string();
+    assert!(addr.starts_with(&format!("{SERVER_IP}:")), "{line}");
+
+    let peer = ["--peer", addr.as_str()];
+    let s = sc.json(
+        Some(&hosts.b),
+        &[&["workload", "tcp-stream", "--threads", "2", "--duration", "1s", "--json"][..], &peer].concat(),
+    );
+    assert_eq!(s["errors"], serde_json::json!([]), "{s:#}");
+    let bytes = s["bytes"].as_u64().unwrap();
+    assert!(bytes > 0);
+    assert_eq!(s["details"]["receiver_bytes"].as_u64(), Some(bytes), "the remote receiver's count");
+    assert_eq!(s["details"]["server"], addr);
+
+    let rr = sc.json(
+        Some(&hosts.b),
+        &[
+            &["workload", "tcp-rr", "--clients", "2", "--duration", "500ms", "--req", "256", "--json"][..],
+            &peer,
+        ]
+        .concat(),
+    );
+    let crr = sc.json(
+        Some(&hosts.b),
+        &[&["workload", "tcp-crr", "--clients", "2", "--duration", "500ms", "--json"][..], &peer].concat(),
+    );
+    for r in [&rr, &crr] {
+        assert_eq!(r["errors"], serde_json::json!([]), "{r:#}");
+        assert!(r["ok"].as_u64().unwrap() > 0);
+        assert_eq!(r["latency_us"]["count"], r["ok"]);
+    }
+    assert_eq!(crr["details"]["connections"], crr["ok"]);
+
+    // SIGTERM: serve stops and reports what it served.
+    let server = hosts.server.as_mut().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::SIGTERM)
+        .unwrap();
+    let t = Instant::now();
+    let status = server.wait().unwrap();
+    assert!(status.success(), "serve exited {status}");
+    assert!(t.elapsed() < Duration::from_secs(5), "serve took {:?} to stop", t.elapsed());
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let crr_ok = crr["ok"].as_u64().unwrap();
+    let want = format!("(stream 2, rr 2, crr {crr_ok})");
+    assert!(rest.contains(&want), "serve summary {rest:?} lacks {want}");
+    let transactions = rr["ok"].as_u64().unwrap() + crr_ok;
+    assert!(rest.contains(&format!("{transactions} transactions")), "{rest}");
+    hosts.server = None;
+}
