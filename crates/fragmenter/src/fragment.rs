@@ -71,6 +71,9 @@ pub struct Status {
     pub budget: Option<u64>,
     pub held_bytes: u64,
     pub freed_bytes: u64,
+    /// Budget mode: bytes taken only to find whole aligned regions and given back untouched.
+    #[serde(default)]
+    pub surplus_bytes: u64,
     /// Free blocks the cut made, per order.
     pub planned: Vec<u64>,
     /// Of those, the ones whose first page is still a free buddy block (`/proc/kpageflags` BUDDY).
@@ -155,18 +158,38 @@ impl Fragmenter {
         if plan.pin == Pin::Mlock {
             arena.lock()?;
         }
+        // A budget is the memory to shape into whole aligned regions. Pages handed out on an
+        // already fragmented machine come from its small free blocks first and are mostly not in
+        // whole regions, so a budgeted fragmenter takes more (up to 4× the budget, never the
+        // reserve) until enough of what it holds is usable, and gives the rest back after the cut.
         let total = match plan.budget {
             Some(b) => b,
             None => mem_available()?.saturating_sub(plan.reserve),
         };
-        while arena.bytes() < total {
-            let avail = mem_available()?;
-            let step = CHUNK.min(total - arena.bytes());
-            if avail < plan.reserve + step {
+        let cap = plan.budget.map_or(total, |b| b.saturating_mul(4));
+        let region_order = match &plan.target {
+            Target::MaxFreeOrder { order, .. } => *order,
+            Target::Profile { free, .. } => {
+                free.iter().rposition(|&n| n > 0).map_or(0, |o| (o + 1).min(plan.nr_orders - 1))
+            }
+        };
+        loop {
+            if arena.bytes() >= total {
+                if plan.budget.is_none() || arena.bytes() >= cap {
+                    break;
+                }
+                let usable =
+                    shape::usable_pages(&arena.pfns()?, region_order, plan.nr_orders) * PAGE_SIZE as u64;
+                if usable * 10 >= total * 9 {
+                    break;
+                }
+            }
+            let step = CHUNK.min(cap - arena.bytes());
+            if mem_available()? < plan.reserve + step {
                 break; // the reserve is not ours to take; shape what we have
             }
             arena.populate(step as usize)?;
-            progress(Progress::Populating { done: arena.bytes(), total });
+            progress(Progress::Populating { done: arena.bytes().min(total), total });
         }
         let buddyinfo_populated = BuddyInfo::read()?;
 
@@ -190,7 +213,13 @@ impl Fragmenter {
         };
         progress(Progress::Freeing { pages: cut.freed_pages() });
         arena.free(&cut.runs)?;
-        let kept = kept_pages(&pfns, &cut);
+        let surplus_pages: u64 = if plan.budget.is_some() {
+            arena.free(&cut.surplus)?;
+            cut.surplus.iter().map(|(s, e)| (e - s) as u64).sum()
+        } else {
+            0
+        };
+        let kept = kept_pages(&pfns, &cut, plan.budget.is_some());
 
         progress(Progress::Settling);
         let mut buddyinfo_now = settle()?;
@@ -207,7 +236,8 @@ impl Fragmenter {
             target: plan.target.clone(),
             pin: plan.pin,
             budget: plan.budget,
-            held_bytes: (arena.pages() as u64 - cut.freed_pages()) * PAGE_SIZE as u64,
+            held_bytes: (arena.pages() as u64 - cut.freed_pages() - surplus_pages) * PAGE_SIZE as u64,
+            surplus_bytes: surplus_pages * PAGE_SIZE as u64,
             freed_bytes: cut.freed_pages() * PAGE_SIZE as u64,
             planned: cut.blocks.clone(),
             intact: vec![0; plan.nr_orders],
@@ -288,19 +318,15 @@ impl Fragmenter {
     }
 }
 
-/// Every arena page the cut keeps, with its PFN, to notice migration later.
-fn kept_pages(pfns: &[u64], cut: &Cut) -> Vec<(usize, u64)> {
-    let mut kept = Vec::with_capacity(pfns.len());
-    let mut runs = cut.runs.iter().peekable();
-    for (i, &pfn) in pfns.iter().enumerate() {
-        while runs.peek().is_some_and(|&&(_, end)| end <= i) {
-            runs.next();
-        }
-        if runs.peek().is_none_or(|&&(start, _)| start > i) {
-            kept.push((i, pfn));
-        }
+/// Every arena page the cut keeps, with its PFN, to notice migration later. Surplus pages are not
+/// kept when they were given back.
+fn kept_pages(pfns: &[u64], cut: &Cut, surplus_given_back: bool) -> Vec<(usize, u64)> {
+    let mut gone = vec![false; pfns.len()];
+    let surplus: &[(usize, usize)] = if surplus_given_back { &cut.surplus } else { &[] };
+    for &(s, e) in cut.runs.iter().chain(surplus) {
+        gone[s..e].iter_mut().for_each(|g| *g = true);
     }
-    kept
+    pfns.iter().enumerate().filter(|&(i, _)| !gone[i]).map(|(i, &pfn)| (i, pfn)).collect()
 }
 
 /// Without PFNs, fall back to what engineers do by hand: free every other page (virtually). It
@@ -317,6 +343,7 @@ fn naive_cut(pages: usize, target: &Target, nr_orders: usize) -> Cut {
         at: Vec::new(),
         missing_blocks: vec![0; nr_orders],
         missing_pages: 0,
+        surplus: Vec::new(),
     }
 }
 

@@ -5,7 +5,7 @@
 //! an order-`o` block for as long as its buddy holds at least one page we keep. Everything here works
 //! on physical frame numbers read from pagemap; nothing touches the kernel.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +22,9 @@ pub struct Cut {
     pub missing_blocks: Vec<u64>,
     /// Pages the target asked to free that our memory could not hold.
     pub missing_pages: u64,
+    /// Arena pages outside every region the cut used, merged into runs: pages a budgeted
+    /// fragmenter took only to find whole regions, which it can give back untouched.
+    pub surplus: Vec<(usize, usize)>,
 }
 
 impl Cut {
@@ -35,6 +38,12 @@ impl Cut {
 struct Regions {
     /// `by_order[o]` = start PFNs of owned, aligned regions of 2^o pages that are still whole.
     by_order: Vec<Vec<u64>>,
+    /// The top-level regions the cut took from (start PFN, order): every page in them is either
+    /// freed or kept as somebody's buddy. Pages outside them are surplus to the cut.
+    touched: Vec<(u64, usize)>,
+    /// Starts of regions split off a touched region and returned to the pool, so taking them later
+    /// does not count them twice.
+    inside: HashSet<u64>,
 }
 
 impl Regions {
@@ -64,7 +73,7 @@ impl Regions {
         for list in &mut by_order {
             list.sort_unstable_by(|a, b| b.cmp(a));
         }
-        Regions { by_order }
+        Regions { by_order, touched: Vec::new(), inside: HashSet::new() }
     }
 
     /// Take a whole region of exactly `order`, splitting a larger one if needed; the halves split off
@@ -72,10 +81,24 @@ impl Regions {
     fn take(&mut self, order: usize) -> Option<u64> {
         let from = (order..self.by_order.len()).find(|&o| !self.by_order[o].is_empty())?;
         let start = self.by_order[from].pop()?;
+        if !self.inside.remove(&start) {
+            self.touched.push((start, from));
+        }
         for o in (order..from).rev() {
-            self.by_order[o].push(start + (1 << o));
+            self.give_back_inside(start + (1 << o), o);
         }
         Some(start)
+    }
+
+    /// Return part of a touched region to the pool; it stays inside the touched region.
+    fn give_back_inside(&mut self, start: u64, order: usize) {
+        self.by_order[order].push(start);
+        self.inside.insert(start);
+    }
+
+    /// Pages of whole owned regions of `order` or larger.
+    fn pages_at_or_above(&self, order: usize) -> u64 {
+        self.by_order.iter().enumerate().skip(order).map(|(o, l)| (l.len() as u64) << o).sum()
     }
 }
 
@@ -100,7 +123,15 @@ pub fn max_free_order(pfns: &[u64], k: usize, free_pages: u64, nr_orders: usize)
         }
     }
     let at = block_list(&freed);
-    Cut { runs: to_runs(&freed, &index), blocks, at, missing_blocks: vec![0; nr_orders], missing_pages: left }
+    let surplus = surplus(pfns, &regions.touched, &index);
+    Cut {
+        runs: to_runs(&freed, &index),
+        blocks,
+        at,
+        missing_blocks: vec![0; nr_orders],
+        missing_pages: left,
+        surplus,
+    }
 }
 
 /// Reproduce `target[o]` free blocks of each order `o` in our memory.
@@ -130,7 +161,7 @@ pub fn profile(pfns: &[u64], target: &[u64], nr_orders: usize) -> Cut {
                 match regions.take(o + 1) {
                     Some(start) => {
                         freed.push((start, 1u64 << o));
-                        regions.by_order[o].push(start + (1 << o));
+                        regions.give_back_inside(start + (1 << o), o);
                     }
                     None => {
                         missing_blocks[o] += 1;
@@ -143,7 +174,8 @@ pub fn profile(pfns: &[u64], target: &[u64], nr_orders: usize) -> Cut {
     }
     let missing_pages = missing_blocks.iter().enumerate().map(|(o, &n)| n << o).sum();
     let at = block_list(&freed);
-    Cut { runs: to_runs(&freed, &index), blocks, at, missing_blocks, missing_pages }
+    let surplus = surplus(pfns, &regions.touched, &index);
+    Cut { runs: to_runs(&freed, &index), blocks, at, missing_blocks, missing_pages, surplus }
 }
 
 /// Scale a profile so that building it needs no more than `pages` pages of ours (each order-`o`
@@ -169,6 +201,28 @@ fn index_by_pfn(pfns: &[u64]) -> (HashMap<u64, usize>, Vec<u64>) {
     let mut sorted: Vec<u64> = index.keys().copied().collect();
     sorted.sort_unstable();
     (index, sorted)
+}
+
+/// Pages owned in whole aligned regions of `order` or larger: what a cut needing regions of that
+/// order can work with. Memory taken from an already fragmented machine is mostly not in them.
+pub fn usable_pages(pfns: &[u64], order: usize, nr_orders: usize) -> u64 {
+    let (_, sorted) = index_by_pfn(pfns);
+    Regions::from_pfns(&sorted, nr_orders - 1).pages_at_or_above(order)
+}
+
+fn surplus(pfns: &[u64], touched: &[(u64, usize)], index: &HashMap<u64, usize>) -> Vec<(usize, usize)> {
+    let mut used: HashSet<usize> = HashSet::new();
+    for &(start, order) in touched {
+        used.extend((start..start + (1u64 << order)).map(|pfn| index[&pfn]));
+    }
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for i in (0..pfns.len()).filter(|i| !used.contains(i)) {
+        match runs.last_mut() {
+            Some((_, end)) if *end == i => *end += 1,
+            _ => runs.push((i, i + 1)),
+        }
+    }
+    runs
 }
 
 fn block_list(freed: &[(u64, u64)]) -> Vec<(u64, usize)> {
@@ -246,6 +300,15 @@ mod tests {
             prop_assert_eq!(&blocks, &cut.blocks);
             prop_assert!(blocks[k..].iter().all(|&n| n == 0), "{:?}", blocks);
             prop_assert_eq!(cut.freed_pages() + cut.missing_pages, want);
+            // Surplus never overlaps the cut, and giving it back cannot merge into a freed block:
+            // each touched region keeps a page.
+            let surplus: BTreeSet<usize> = cut.surplus.iter().flat_map(|&(s, e)| s..e).collect();
+            prop_assert!(cut.runs.iter().flat_map(|&(s, e)| s..e).all(|i| !surplus.contains(&i)));
+            let mut all = freed_pfns(&pfns, &cut);
+            all.extend(surplus.iter().map(|&i| pfns[i]));
+            let merged = buddy_blocks(&all, 11);
+            let regions = cut.blocks[0];
+            prop_assert!(regions == 0 || merged[..k].iter().sum::<u64>() >= regions, "{:?}", merged);
         }
 
         #[test]

@@ -47,7 +47,7 @@ fn kpageflags(pfns: &[u64]) -> Vec<PhysicalPageFlags> {
 
 #[test]
 fn max_free_order_holds_through_compaction_and_release_gives_memory_back() {
-    let _serial = SERIAL.lock().unwrap();
+    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let sysctls_before: Vec<String> = SYSCTLS.iter().map(|s| sysctl::read(s).unwrap()).collect();
     let dir = run_dir("mfo");
     let (_lock, _) = Instance::acquire(&dir, "test").unwrap();
@@ -140,7 +140,7 @@ fn max_free_order_holds_through_compaction_and_release_gives_memory_back() {
 
 #[test]
 fn seed_profile_is_reproduced_in_the_budget() {
-    let _serial = SERIAL.lock().unwrap();
+    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let dir = run_dir("profile");
     let (_lock, _) = Instance::acquire(&dir, "test").unwrap();
     // Seed 000's fragmented Normal zone, as the mail shows it.
@@ -170,7 +170,7 @@ fn seed_profile_is_reproduced_in_the_budget() {
 
 #[test]
 fn pin_none_lets_compaction_fight_back() {
-    let _serial = SERIAL.lock().unwrap();
+    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let dir = run_dir("none");
     let (_lock, _) = Instance::acquire(&dir, "test").unwrap();
     let budget = 512u64 << 20;
