@@ -17,6 +17,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run a scenario from a config: fragment, run workloads, catch failures, restore, give a
+    /// verdict (exit 0 not reproduced, 1 reproduced, 125 could not test).
+    Run(RunArgs),
     /// Show the kernel's memory state: free blocks per order, the `free` table, fragmentation indices,
     /// compaction counters.
     Probe(ProbeArgs),
@@ -44,6 +47,18 @@ pub struct WorkloadArgs {
     /// Print the result as JSON (the object `fraglab run` stores).
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The scenario, e.g. configs/quickstart.toml.
+    pub config: PathBuf,
+    /// Put the results directory here instead of the config's `[run] output`.
+    #[arg(long, short, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Resolve the config and print the plan; take nothing, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]

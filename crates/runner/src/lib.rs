@@ -4,7 +4,11 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod pipeline;
 pub mod resolve;
+pub mod results;
+pub mod runplan;
+pub mod summary;
 pub mod units;
 pub mod vm;
 pub mod workload;
@@ -42,6 +46,7 @@ pub fn main() -> ExitCode {
         Err(e) => eprintln!("fraglab: could not restore a previous trigger's sysctls: {e:#}"),
     }
     let result = match cli.command {
+        cli::Command::Run(args) => commands::run::run(args, &cli.run_dir),
         cli::Command::Probe(args) => commands::probe::run(args),
         cli::Command::Fragment(args) => commands::fragment::run(args, &cli.run_dir),
         cli::Command::Status(args) => commands::fragment::status(args, &cli.run_dir),

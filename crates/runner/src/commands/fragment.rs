@@ -105,7 +105,10 @@ pub fn progress_bar() -> impl FnMut(Progress) {
             Progress::Freeing { .. } => bar.set_message("freeing"),
             Progress::Settling => bar.set_message("settling"),
             Progress::Filling { bytes, leftover_pages } => {
-                bar.set_message(format!("filling ({} left at order ≥ k)", format_size(leftover_pages * 4096)));
+                bar.set_message(format!(
+                    "filling ({} left at order ≥ k)",
+                    format_size(leftover_pages * 4096)
+                ));
                 bar.set_position(bytes);
             }
         }

@@ -2,5 +2,6 @@
 
 pub mod fragment;
 pub mod probe;
+pub mod run;
 pub mod scan;
 pub mod workload;

@@ -1,0 +1,53 @@
+//! `fraglab run CONFIG`: parse, resolve, run the pipeline, print the summary, exit for bisect.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use crate::cli::RunArgs;
+use crate::config::Source;
+use crate::pipeline;
+use crate::resolve::Machine;
+use crate::runplan;
+
+/// Exit status of a run that could not start or broke part-way: above 127 so `git bisect run`
+/// aborts instead of counting it as a bad commit.
+pub const EXIT_ERROR: u8 = 255;
+
+pub fn run(args: RunArgs, run_dir: &Path) -> Result<ExitCode> {
+    match run_inner(&args, run_dir) {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            eprintln!("fraglab: {e:#}");
+            Ok(ExitCode::from(EXIT_ERROR))
+        }
+    }
+}
+
+fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<ExitCode> {
+    // Parse, then resolve: a bad config is refused here, before any memory or sysctl is touched.
+    let src = Source::read(&args.config)?;
+    let cfg = src.parse()?;
+    let machine = Machine::read()?;
+    let mut plan = runplan::resolve(&src, &cfg, &machine)?;
+    if let Some(out) = &args.output {
+        plan.output = out.clone();
+    }
+    if args.dry_run {
+        print!("{}", runplan::describe(&plan));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // A second Ctrl-C exits at once; the next fraglab command restores from the journal.
+        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))?;
+    }
+    let (verdict, results) = pipeline::run(&plan, run_dir, stop)?;
+    print!("{}", crate::summary::render(&results.dir)?);
+    eprintln!("results: {}", results.dir.display());
+    Ok(ExitCode::from(verdict.exit_code()))
+}

@@ -1,0 +1,507 @@
+//! `fraglab run`: from fragmentation to verdict, in one function that reads top to bottom.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use fraglab_fragmenter::fragment::Fragmenter;
+use fraglab_fragmenter::instance::Instance;
+use fraglab_fragmenter::sysctl::Journal;
+use fraglab_probe::kmsg::{KmsgEvent, KmsgWatcher};
+use fraglab_probe::snapshot::{Sampler, Snapshot};
+use fraglab_probe::tracefs::Catcher;
+use serde::Serialize;
+
+use crate::results::ResultsDir;
+use crate::runplan::RunPlan;
+use crate::workload::result::WorkloadResult;
+
+/// How a run ended, and its exit status for `git bisect run`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Exit 0.
+    NotReproduced,
+    /// Exit 1.
+    Reproduced,
+    /// Exit 125: the target was not reached or something the run needs is missing.
+    CouldNotTest,
+}
+
+impl Verdict {
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Verdict::NotReproduced => 0,
+            Verdict::Reproduced => 1,
+            Verdict::CouldNotTest => 125,
+        }
+    }
+}
+
+/// One phase of the run on the monotonic clock, to line up with probe.jsonl samples.
+#[derive(Clone, Debug, Serialize)]
+pub struct Phase {
+    pub name: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub secs: f64,
+}
+
+/// run.json.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunRecord {
+    pub name: String,
+    pub description: Option<String>,
+    /// `running`, `complete`, `incomplete` (interrupted or failed part-way).
+    pub status: String,
+    pub verdict: Option<Verdict>,
+    pub reason: String,
+    pub kernel_release: String,
+    pub kernel_cmdline: String,
+    pub host: String,
+    pub fraglab_version: String,
+    pub config_path: String,
+    pub config: String,
+    pub started: String,
+    pub finished: Option<String>,
+    pub phases: Vec<Phase>,
+    pub fragment: Option<fraglab_fragmenter::Status>,
+    pub sysctls_restored: Vec<String>,
+    pub errors: Vec<String>,
+}
+
+/// One line of workloads.json.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadRecord {
+    pub point: String,
+    pub sysctls: Vec<(String, String)>,
+    pub iteration: u32,
+    pub index: usize,
+    pub result: WorkloadResult,
+}
+
+/// Run the plan. Returns the verdict and the results directory; on an error part-way the directory
+/// is still left valid, its run.json marked incomplete with the error.
+pub fn run(
+    plan: &RunPlan,
+    run_dir: &std::path::Path,
+    stop: Arc<AtomicBool>,
+) -> Result<(Verdict, ResultsDir)> {
+    let results = ResultsDir::create(&plan.output, &plan.name)?;
+    let record = RunRecord::new(plan);
+    results.write_json("run.json", &record)?;
+    let dir = results.dir.clone();
+    pipeline(plan, run_dir, stop, results, record.clone()).map_err(|e| {
+        let mut record = record;
+        record.status = "incomplete".into();
+        record.reason = format!("{e:#}");
+        record.finished = Some(crate::workload::result::wall_now());
+        let _ = ResultsDir { dir: dir.clone() }.write_json("run.json", &record);
+        e.context(format!("the run stopped part-way; what it had is in {}", dir.display()))
+    })
+}
+
+/// preflight → baseline probe → fragment to target → verify → monitors → workloads × sweep ×
+/// iterations → stop monitors → release → restore sysctls → final probe → verdict.
+fn pipeline(
+    plan: &RunPlan,
+    run_dir: &std::path::Path,
+    stop: Arc<AtomicBool>,
+    results: ResultsDir,
+    mut record: RunRecord,
+) -> Result<(Verdict, ResultsDir)> {
+    let mut phases = Phases::new();
+
+    // Preflight: what the run needs must be here before anything is taken.
+    if let Err(reason) = preflight(plan) {
+        return finish(results, record, Verdict::CouldNotTest, reason);
+    }
+    let (instance, restored) =
+        Instance::acquire(run_dir, &format!("fraglab run {}", plan.config_path.display()))?;
+    record.sysctls_restored.extend(restored.iter().map(|r| format!("{r} (left by a dead fraglab)")));
+    let journal = Journal::create(run_dir)?;
+
+    phases.begin("baseline");
+    results.write_json("baseline.json", &Snapshot::take(&plan.monitors)?)?;
+
+    phases.begin("fragment");
+    // One journal for the run: the fragmenter's sysctls and the sweep's, restored together.
+    let mut kernel = match &plan.fragment {
+        Some(fp) => {
+            let f = Fragmenter::start(fp.clone(), journal, &mut crate::commands::fragment::progress_bar())?;
+            record.fragment = Some(f.status().clone());
+            if let Some(why) = target_missed(f.status()) {
+                phases.end();
+                record.phases = phases.done();
+                record.sysctls_restored.extend(f.release()?.iter().map(|r| r.to_string()));
+                return finish(results, record, Verdict::CouldNotTest, why);
+            }
+            Held::Fragmented(f)
+        }
+        None => Held::Baseline(journal),
+    };
+
+    phases.begin("monitors");
+    let sampler = BackgroundSampler::start(&results, plan)?;
+    let catcher = Catcher::start(plan.catch_min_order).context("starting the failure catcher (tracefs)")?;
+    let kmsg = if plan.kmsg { Some(KmsgTail::start(&results)?) } else { None };
+    let mut workloads = Vec::new();
+    let mut interrupted = None;
+
+    'points: for point in &plan.points {
+        for (name, value) in &point.sysctls {
+            kernel.journal().set(name, value)?;
+        }
+        for iteration in 1..=plan.iterations {
+            for (index, w) in point.workloads.iter().enumerate() {
+                if stop.load(Ordering::Relaxed) {
+                    interrupted = Some("interrupted by a signal".to_string());
+                    break 'points;
+                }
+                phases.begin(&format!("workload {} {} #{iteration} {}", w.kind_name, point.label, index + 1));
+                let result = match crate::commands::workload::run_kind(&w.kind) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        record
+                            .errors
+                            .push(format!("{} at {} iteration {iteration}: {e:#}", w.kind_name, point.label));
+                        continue;
+                    }
+                };
+                eprint!("{}", crate::commands::workload::summary(&result));
+                if let Held::Fragmented(f) = &mut kernel {
+                    if let Some(event) = f.guard()? {
+                        record.errors.push(event);
+                    }
+                }
+                workloads.push(WorkloadRecord {
+                    point: point.label.clone(),
+                    sysctls: point.sysctls.clone(),
+                    iteration,
+                    index,
+                    result,
+                });
+                results.write_json("workloads.json", &workloads)?;
+            }
+        }
+    }
+
+    phases.begin("release");
+    let failures = catcher.stop()?.failures;
+    let kernel_log = kmsg.map(|k| k.stop()).transpose()?.unwrap_or_default();
+    sampler.stop()?;
+    let mut lines = results.lines("alloc_failures.jsonl")?;
+    for f in &failures {
+        lines.push(f)?;
+    }
+    let restored = match kernel {
+        Held::Fragmented(mut f) => {
+            record.fragment = Some(f.refresh()?.clone());
+            f.release()?
+        }
+        Held::Baseline(mut journal) => journal.restore()?,
+    };
+    record.sysctls_restored.extend(restored.iter().map(|r| r.to_string()));
+    drop(instance);
+
+    phases.begin("final");
+    results.write_json("final.json", &Snapshot::take(&plan.monitors)?)?;
+    phases.end();
+    record.phases = phases.done();
+
+    let (verdict, reason) = verdict(plan, &workloads, &failures, &kernel_log);
+    if let Some(why) = interrupted {
+        record.status = "incomplete".into();
+        record.reason = why;
+        record.verdict = Some(verdict);
+        record.finished = Some(crate::workload::result::wall_now());
+        results.write_json("run.json", &record)?;
+        return Ok((verdict, results));
+    }
+    finish(results, record, verdict, reason)
+}
+
+/// What the run holds of the kernel: fragmented memory and its journal, or just the journal.
+enum Held {
+    Fragmented(Fragmenter),
+    Baseline(Journal),
+}
+
+impl Held {
+    fn journal(&mut self) -> &mut Journal {
+        match self {
+            Held::Fragmented(f) => f.journal(),
+            Held::Baseline(j) => j,
+        }
+    }
+}
+
+impl RunRecord {
+    fn new(plan: &RunPlan) -> RunRecord {
+        let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
+        RunRecord {
+            name: plan.name.clone(),
+            description: plan.description.clone(),
+            status: "running".into(),
+            verdict: None,
+            reason: String::new(),
+            kernel_release: read("/proc/sys/kernel/osrelease"),
+            kernel_cmdline: read("/proc/cmdline"),
+            host: read("/proc/sys/kernel/hostname"),
+            fraglab_version: env!("CARGO_PKG_VERSION").into(),
+            config_path: plan.config_path.display().to_string(),
+            config: plan.config_text.clone(),
+            started: crate::workload::result::wall_now(),
+            finished: None,
+            phases: Vec::new(),
+            fragment: None,
+            sysctls_restored: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+}
+
+/// Phases on the monotonic clock; beginning one ends the previous.
+struct Phases {
+    done: Vec<Phase>,
+    current: Option<(String, u64)>,
+}
+
+impl Phases {
+    fn new() -> Self {
+        Phases { done: Vec::new(), current: None }
+    }
+
+    fn begin(&mut self, name: &str) {
+        self.end();
+        self.current = Some((name.to_string(), monotonic_ns()));
+    }
+
+    fn end(&mut self) {
+        if let Some((name, start_ns)) = self.current.take() {
+            let end_ns = monotonic_ns();
+            self.done.push(Phase { name, start_ns, end_ns, secs: (end_ns - start_ns) as f64 / 1e9 });
+        }
+    }
+
+    fn done(&mut self) -> Vec<Phase> {
+        self.end();
+        std::mem::take(&mut self.done)
+    }
+}
+
+/// CLOCK_MONOTONIC, the clock probe.jsonl samples carry.
+fn monotonic_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC exists");
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+}
+
+/// What the run needs of this machine; the reason it cannot test otherwise.
+fn preflight(plan: &RunPlan) -> std::result::Result<(), String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err("fraglab run needs root (pagemap, mlock, sysctls, tracefs)".into());
+    }
+    let sctp = plan.points.iter().flat_map(|p| &p.workloads).any(|w| w.kind_name.starts_with("sctp"));
+    if sctp {
+        // SAFETY: a plain socket(2) call; the descriptor is closed at once.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(format!(
+                "this kernel has no SCTP (socket: {e}): load the sctp module or run the config in a guest with `fraglab vm`"
+            ));
+        }
+        // SAFETY: closing the descriptor just opened.
+        unsafe { libc::close(fd) };
+    }
+    let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !filesystems.lines().any(|l| l.split_whitespace().last() == Some("tracefs")) {
+        return Err("this kernel has no tracefs (CONFIG_TRACING): the failure catcher cannot run".into());
+    }
+    if plan.kmsg && std::fs::File::open("/dev/kmsg").is_err() {
+        return Err(
+            "cannot read /dev/kmsg for the kernel log watcher; set [probe] kmsg = false to run without it"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Whether the fragmenter's result is good enough to test on; the reason if not.
+fn target_missed(s: &fraglab_fragmenter::Status) -> Option<String> {
+    if s.target_lost.is_some() {
+        return s.target_lost.clone();
+    }
+    if let Some(left) = s.leftover_pages {
+        if left > 0 {
+            return Some(format!(
+                "target not reached: {left} free pages still in blocks at or above the target order"
+            ));
+        }
+    }
+    let planned: u64 = s.planned.iter().sum();
+    let intact: u64 = s.intact.iter().sum();
+    if planned == 0 {
+        return Some("the fragmenter made no free block: nothing to test against".into());
+    }
+    // The kernel allocates from fresh free blocks at once; most must still be there.
+    if intact * 10 < planned * 8 {
+        return Some(format!(
+            "target not reached: only {intact} of {planned} planned free blocks are intact"
+        ));
+    }
+    None
+}
+
+/// probe.jsonl, written by a thread at the plan's interval until stopped.
+struct BackgroundSampler {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<()>>>,
+}
+
+impl BackgroundSampler {
+    fn start(results: &ResultsDir, plan: &RunPlan) -> Result<Self> {
+        let mut out = results.lines("probe.jsonl")?;
+        let mut sampler = Sampler::new(plan.monitors.clone());
+        let interval = plan.interval;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || -> Result<()> {
+            let mut next = Instant::now();
+            while !flag.load(Ordering::Relaxed) {
+                out.push(&sampler.sample()?)?;
+                next += interval;
+                while Instant::now() < next && !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20).min(interval));
+                }
+            }
+            // One last sample so the series ends after the workloads.
+            out.push(&sampler.sample()?)
+        });
+        Ok(BackgroundSampler { stop, thread: Some(thread) })
+    }
+
+    fn stop(mut self) -> Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        let thread = self.thread.take().expect("joined once");
+        thread.join().map_err(|_| anyhow::anyhow!("the probe sampler thread panicked"))?
+    }
+}
+
+impl Drop for BackgroundSampler {
+    // On an error path the thread must not outlive the run.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Reproduced when any expectation is met: an expected errno seen by a workload, or a failed
+/// allocation of the expected order caught in the kernel. Without `[expect]`: any ENOMEM/ENOBUFS or
+/// any caught failure.
+fn verdict(
+    plan: &RunPlan,
+    workloads: &[WorkloadRecord],
+    failures: &[fraglab_probe::tracefs::AllocFailure],
+    kernel_log: &[KmsgEvent],
+) -> (Verdict, String) {
+    let default_errnos = ["ENOMEM".to_string(), "ENOBUFS".to_string()];
+    let errnos: &[String] = if plan.expect.errno.is_empty() { &default_errnos } else { &plan.expect.errno };
+    for e in errnos {
+        let n: u64 = workloads.iter().map(|w| w.result.errno_count(e)).sum();
+        if n > 0 {
+            return (Verdict::Reproduced, format!("{e} seen {n} times in the workloads"));
+        }
+    }
+    let min_order = plan.expect.failed_order.unwrap_or(plan.catch_min_order);
+    let caught = failures.iter().filter(|f| f.order >= min_order).count();
+    if caught > 0 {
+        return (
+            Verdict::Reproduced,
+            format!("{caught} failed allocations of order ≥ {min_order} caught in the kernel"),
+        );
+    }
+    let logged = kernel_log
+        .iter()
+        .filter(|e| matches!(e, KmsgEvent::AllocFailure(f) if f.order >= min_order))
+        .count();
+    if logged > 0 {
+        return (
+            Verdict::Reproduced,
+            format!("{logged} page allocation failures of order ≥ {min_order} in the kernel log"),
+        );
+    }
+    (
+        Verdict::NotReproduced,
+        format!("no {} and no failed allocation of order ≥ {min_order}", errnos.join("/")),
+    )
+}
+
+fn finish(
+    results: ResultsDir,
+    mut record: RunRecord,
+    verdict: Verdict,
+    reason: String,
+) -> Result<(Verdict, ResultsDir)> {
+    record.status = "complete".into();
+    record.verdict = Some(verdict);
+    record.reason = reason;
+    record.finished = Some(crate::workload::result::wall_now());
+    results.write_json("run.json", &record)?;
+    Ok((verdict, results))
+}
+
+/// /dev/kmsg from the start of the monitors to the release, copied to kmsg.log as it arrives (the
+/// kernel's ring buffer can wrap during a flood of failure reports) and parsed for failures and OOM
+/// kills.
+struct KmsgTail {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<Vec<KmsgEvent>>>>,
+}
+
+impl KmsgTail {
+    fn start(results: &ResultsDir) -> Result<Self> {
+        let mut watcher = KmsgWatcher::open()?;
+        let mut log = results.text("kmsg.log")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || -> Result<Vec<KmsgEvent>> {
+            use std::io::Write;
+            let mut events = Vec::new();
+            loop {
+                // Read once more after the stop flag so the last records are not lost.
+                let last = flag.load(Ordering::Relaxed);
+                for record in watcher.read_available()? {
+                    writeln!(log, "{}", record.to_dmesg_line())?;
+                    if let Ok(Some(event)) = fraglab_probe::kmsg::parse_message(&record.message) {
+                        events.push(event);
+                    }
+                }
+                if last {
+                    return Ok(events);
+                }
+                watcher.wait(Duration::from_millis(200))?;
+            }
+        });
+        Ok(KmsgTail { stop, thread: Some(thread) })
+    }
+
+    fn stop(mut self) -> Result<Vec<KmsgEvent>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let thread = self.thread.take().expect("joined once");
+        thread.join().map_err(|_| anyhow::anyhow!("the kmsg reader thread panicked"))?
+    }
+}
+
+impl Drop for KmsgTail {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! A run's results directory: `<output>/<name>-<UTC timestamp>/` with run.json, probe.jsonl,
+//! workloads.json, alloc_failures.jsonl and kmsg.log. JSON documents are replaced atomically
+//! (write, fsync, rename), so an interrupted run leaves valid files behind.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+pub struct ResultsDir {
+    pub dir: PathBuf,
+}
+
+impl ResultsDir {
+    /// Create a fresh directory for run `name` under `output`.
+    pub fn create(output: &Path, name: &str) -> Result<ResultsDir> {
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+            .to_string()
+            .replace([':', '-'], "");
+        let mut dir = output.join(format!("{name}-{stamp}"));
+        let mut n = 1;
+        while dir.exists() {
+            n += 1;
+            dir = output.join(format!("{name}-{stamp}-{n}"));
+        }
+        fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        Ok(ResultsDir { dir })
+    }
+
+    /// Replace `file` with `value` as pretty JSON, atomically.
+    pub fn write_json(&self, file: &str, value: &impl Serialize) -> Result<()> {
+        let path = self.dir.join(file);
+        let tmp = self.dir.join(format!(".{file}.tmp"));
+        let mut f = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+        serde_json::to_writer_pretty(&mut f, value)?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
+    }
+
+    /// An append-only JSON-lines file; each line is flushed as it is written.
+    pub fn lines(&self, file: &str) -> Result<JsonLines> {
+        let path = self.dir.join(file);
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(JsonLines { out: BufWriter::new(f) })
+    }
+
+    /// An append-only text file.
+    pub fn text(&self, file: &str) -> Result<File> {
+        let path = self.dir.join(file);
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("cannot create {}", path.display()))
+    }
+}
+
+pub struct JsonLines {
+    out: BufWriter<File>,
+}
+
+impl JsonLines {
+    pub fn push(&mut self, value: &impl Serialize) -> Result<()> {
+        serde_json::to_writer(&mut self.out, value)?;
+        self.out.write_all(b"\n")?;
+        // A line at a time: a killed run keeps every complete line.
+        self.out.flush()?;
+        Ok(())
+    }
+}

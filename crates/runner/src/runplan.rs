@@ -1,0 +1,314 @@
+//! Resolve a parsed config into a [`RunPlan`]: every size, duration, sysctl name, workload option and
+//! sweep key checked against this machine before anything is taken or changed.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use fraglab_probe::snapshot::Monitor;
+use serde::Serialize;
+
+use crate::config::{Config, Source};
+use crate::resolve::{self, Machine};
+use crate::units::parse_duration;
+use crate::workload::Kind;
+
+/// Everything `fraglab run` will do, validated.
+#[derive(Debug)]
+pub struct RunPlan {
+    pub name: String,
+    pub description: Option<String>,
+    pub iterations: u32,
+    pub output: PathBuf,
+    pub config_path: PathBuf,
+    pub config_text: String,
+    pub fragment: Option<fraglab_fragmenter::Plan>,
+    pub monitors: BTreeSet<Monitor>,
+    pub interval: Duration,
+    pub catch_min_order: u32,
+    pub kmsg: bool,
+    pub points: Vec<SweepPoint>,
+    pub expect: Expect,
+}
+
+/// One cell of the sweep matrix: sysctls to set and the workloads to run there.
+#[derive(Debug)]
+pub struct SweepPoint {
+    /// `threads=4 net.core.high_order_alloc_disable=1`, or `-` when there is no sweep.
+    pub label: String,
+    pub sysctls: Vec<(String, String)>,
+    pub workloads: Vec<Workload>,
+}
+
+#[derive(Debug)]
+pub struct Workload {
+    /// `tcp-stream`, `trigger`, ...
+    pub kind_name: String,
+    pub kind: Kind,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Expect {
+    pub errno: Vec<String>,
+    pub failed_order: Option<u32>,
+}
+
+/// Build the plan. `m` is what the machine allows, read once by the caller.
+pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
+    if cfg.run.name.trim().is_empty() || cfg.run.name.contains('/') {
+        bail!("{}: {:?} must be a non-empty name without '/'", src.locate(&["run", "name"]), cfg.run.name);
+    }
+    if cfg.run.iterations == 0 {
+        bail!("{}: must be at least 1", src.locate(&["run", "iterations"]));
+    }
+    let fragment = match &cfg.fragment {
+        Some(spec) if spec.enabled => Some(resolve::fragment(spec, m, &|k| src.locate(&["fragment", k]))?),
+        _ => None,
+    };
+    let interval = parse_duration(&cfg.probe.interval)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", src.locate(&["probe", "interval"])))?;
+    if interval.is_zero() {
+        bail!("{}: the sampling interval must be above zero", src.locate(&["probe", "interval"]));
+    }
+    let (available, _) = Monitor::available();
+    let monitors = if cfg.probe.monitors.is_empty() {
+        available
+    } else {
+        let mut set = BTreeSet::new();
+        for (i, name) in cfg.probe.monitors.iter().enumerate() {
+            let m = Monitor::parse(name).map_err(|e| {
+                anyhow::anyhow!("{}: {e}", src.locate(&["probe", "monitors", &i.to_string()]))
+            })?;
+            if !available.contains(&m) {
+                bail!("{}: cannot read {} here (root only?)", src.locate(&["probe", "monitors"]), m.path());
+            }
+            set.insert(m);
+        }
+        set
+    };
+    if cfg.workload.is_empty() && fragment.is_none() {
+        bail!("{}: nothing to do: add a [[workload]] table or a [fragment] target", src.path.display());
+    }
+    let expect = Expect { errno: cfg.expect.errno.clone(), failed_order: cfg.expect.failed_order };
+    for (i, e) in expect.errno.iter().enumerate() {
+        if !known_errno(e) {
+            bail!(
+                "{}: {e:?} is not an errno name (e.g. ENOMEM, ENOBUFS)",
+                src.locate(&["expect", "errno", &i.to_string()])
+            );
+        }
+    }
+    if let Some(o) = expect.failed_order {
+        if o as usize >= m.nr_orders {
+            bail!(
+                "{}: order {o} is above this kernel's largest order {}",
+                src.locate(&["expect", "failed_order"]),
+                m.nr_orders - 1
+            );
+        }
+    }
+
+    // Each workload as JSON options, so sweep values can be set by name and re-validated.
+    let mut base = Vec::new();
+    for (i, table) in cfg.workload.iter().enumerate() {
+        let at = src.locate(&["workload", &i.to_string()]);
+        let kind_name = table
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .with_context(|| {
+                format!("{at}: every [[workload]] needs kind = \"tcp-stream\" (or another kind)")
+            })?
+            .to_string();
+        let mut options = serde_json::to_value(table)?;
+        options.as_object_mut().expect("a TOML table is an object").remove("kind");
+        kind_from_options(&kind_name, &options).map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
+        base.push((kind_name, options));
+    }
+
+    let axes = sweep_axes(src, cfg, &base)?;
+    let mut points = Vec::new();
+    for combo in cross(&axes) {
+        let mut sysctls = Vec::new();
+        let mut workloads = Vec::new();
+        let label = if combo.is_empty() {
+            "-".to_string()
+        } else {
+            combo.iter().map(|(k, v)| format!("{k}={}", plain(v))).collect::<Vec<_>>().join(" ")
+        };
+        for (kind_name, options) in &base {
+            let mut options = options.clone();
+            for (key, value) in &combo {
+                if !key.starts_with("sysctl.") && has_option(kind_name, &options, key) {
+                    options[key.as_str()] = value.clone();
+                }
+            }
+            let kind = kind_from_options(kind_name, &options)
+                .map_err(|e| anyhow::anyhow!("{}: sweep point {label}: {e:#}", src.locate(&["sweep"])))?;
+            workloads.push(Workload { kind_name: kind_name.clone(), kind });
+        }
+        for (key, value) in &combo {
+            if let Some(name) = key.strip_prefix("sysctl.") {
+                sysctls.push((name.to_string(), plain(value)));
+            }
+        }
+        points.push(SweepPoint { label, sysctls, workloads });
+    }
+
+    Ok(RunPlan {
+        name: cfg.run.name.clone(),
+        description: cfg.run.description.clone(),
+        iterations: cfg.run.iterations,
+        output: cfg.run.output.clone(),
+        config_path: src.path.clone(),
+        config_text: src.text.clone(),
+        fragment,
+        monitors,
+        interval,
+        catch_min_order: cfg.probe.catch_min_order,
+        kmsg: cfg.probe.kmsg,
+        points,
+        expect,
+    })
+}
+
+/// The sweep's axes in a stable order: workload options first, then sysctls.
+fn sweep_axes(
+    src: &Source,
+    cfg: &Config,
+    base: &[(String, serde_json::Value)],
+) -> Result<Vec<(String, Vec<serde_json::Value>)>> {
+    let mut axes = Vec::new();
+    for (key, values) in &cfg.sweep.options {
+        let at = src.locate(&["sweep", key]);
+        if values.is_empty() {
+            bail!("{at}: an empty list sweeps nothing; give at least one value");
+        }
+        if !base.iter().any(|(k, o)| has_option(k, o, key)) {
+            let kinds: Vec<_> = base.iter().map(|(k, _)| k.as_str()).collect();
+            bail!("{at}: no workload here has an option {key:?} (workloads: {})", kinds.join(", "));
+        }
+        axes.push((key.clone(), values.iter().map(serde_json::to_value).collect::<Result<_, _>>()?));
+    }
+    for (name, values) in &cfg.sweep.sysctl {
+        let at = src.locate(&["sweep", "sysctl", name]);
+        if values.is_empty() {
+            bail!("{at}: an empty list sweeps nothing; give at least one value");
+        }
+        let path = fraglab_fragmenter::sysctl::path(name);
+        if !path.exists() {
+            bail!("{at}: sysctl {name} does not exist on this kernel ({} is missing)", path.display());
+        }
+        axes.push((
+            format!("sysctl.{name}"),
+            values.iter().map(serde_json::to_value).collect::<Result<_, _>>()?,
+        ));
+    }
+    Ok(axes)
+}
+
+/// Every combination of the axes' values (one empty combination when there is no sweep).
+fn cross(axes: &[(String, Vec<serde_json::Value>)]) -> Vec<Vec<(String, serde_json::Value)>> {
+    let mut combos = vec![Vec::new()];
+    for (key, values) in axes {
+        combos = combos
+            .into_iter()
+            .flat_map(|c| {
+                values.iter().map(move |v| {
+                    let mut c = c.clone();
+                    c.push((key.clone(), v.clone()));
+                    c
+                })
+            })
+            .collect();
+    }
+    combos
+}
+
+/// Whether workload `kind_name` takes option `key`: its full option set is what its defaults
+/// serialize to.
+fn has_option(kind_name: &str, options: &serde_json::Value, key: &str) -> bool {
+    kind_from_options(kind_name, options)
+        .ok()
+        .and_then(|k| serde_json::to_value(kind_options(&k)).ok())
+        .is_some_and(|v| v.get(key).is_some())
+}
+
+/// `4`, `"16MiB"` → `4`, `16MiB`: sweep values as they are written into labels and sysctls.
+fn plain(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A workload's options as JSON, whatever its kind.
+pub fn kind_options(kind: &Kind) -> serde_json::Value {
+    let v = match kind {
+        Kind::SctpConnect(a) => serde_json::to_value(a),
+        Kind::SctpStream(a) => serde_json::to_value(a),
+        Kind::SctpRr(a) => serde_json::to_value(a),
+        Kind::TcpStream(a) => serde_json::to_value(a),
+        Kind::TcpRr(a) | Kind::TcpCrr(a) => serde_json::to_value(a),
+        Kind::Trigger(t) => serde_json::to_value(t),
+        Kind::Exec(a) => serde_json::to_value(a),
+    };
+    v.unwrap_or(serde_json::Value::Null)
+}
+
+/// Build a typed workload from its kind name and options; serde rejects unknown options.
+pub fn kind_from_options(kind_name: &str, options: &serde_json::Value) -> Result<Kind> {
+    use crate::workload::{exec, sctp, tcp, trigger};
+    let o = options.clone();
+    Ok(match kind_name {
+        "sctp-connect" => Kind::SctpConnect(serde_json::from_value::<sctp::ConnectArgs>(o)?),
+        "sctp-stream" => Kind::SctpStream(serde_json::from_value::<sctp::StreamArgs>(o)?),
+        "sctp-rr" => Kind::SctpRr(serde_json::from_value::<sctp::RrArgs>(o)?),
+        "tcp-stream" => Kind::TcpStream(serde_json::from_value::<tcp::StreamArgs>(o)?),
+        "tcp-rr" => Kind::TcpRr(serde_json::from_value::<tcp::RrArgs>(o)?),
+        "tcp-crr" => Kind::TcpCrr(serde_json::from_value::<tcp::RrArgs>(o)?),
+        "trigger" => Kind::Trigger(serde_json::from_value::<trigger::Kind>(o)?),
+        "exec" => Kind::Exec(serde_json::from_value::<exec::ExecArgs>(o)?),
+        other => bail!(
+            "kind = {other:?} is not a workload; choose sctp-connect, sctp-stream, sctp-rr, tcp-stream, \
+             tcp-rr, tcp-crr, trigger or exec"
+        ),
+    })
+}
+
+fn known_errno(name: &str) -> bool {
+    (1..4096).any(|c| crate::workload::result::errno_name(c) == name)
+}
+
+/// The plan in words, for `--dry-run`.
+pub fn describe(plan: &RunPlan) -> String {
+    let mut o = format!(
+        "run {} ({} iteration(s)), results under {}\n",
+        plan.name,
+        plan.iterations,
+        plan.output.display()
+    );
+    match &plan.fragment {
+        Some(f) => o += &format!("fragment: {:?}, budget {:?}, pin {:?}\n", f.target, f.budget, f.pin),
+        None => o += "fragment: none (baseline run)\n",
+    }
+    let monitors: Vec<_> = plan.monitors.iter().map(|m| m.name()).collect();
+    o += &format!(
+        "probe: every {:?}: {}; failures of order ≥ {} caught\n",
+        plan.interval,
+        monitors.join(", "),
+        plan.catch_min_order
+    );
+    for p in &plan.points {
+        o += &format!("point {}:", p.label);
+        for (k, v) in &p.sysctls {
+            o += &format!(" {k}={v}");
+        }
+        o += &format!(
+            " {}\n",
+            p.workloads.iter().map(|w| w.kind_name.as_str()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    o += &format!("expect: {:?}\ndry run: nothing taken, nothing changed\n", plan.expect);
+    o
+}
