@@ -150,8 +150,7 @@ fn human_output_shows_every_live_zone_free_table_indices_and_counters() {
     // The free table: procps's header and a Mem: row whose total is MemTotal (which never moves).
     let free = section(&out, "free (KiB, as procps free computes it)");
     assert_eq!(
-        free[1],
-        "               total        used        free      shared  buff/cache   available",
+        free[1], "               total        used        free      shared  buff/cache   available",
         "{out}"
     );
     let mem: Vec<&str> = free[2].split_whitespace().collect();
@@ -207,7 +206,8 @@ fn human_output_shows_every_live_zone_free_table_indices_and_counters() {
         "allocstall_normal",
     ] {
         if printed.contains(name) {
-            let v = shown.get(name).unwrap_or_else(|| panic!("{name} is in /proc/vmstat but not shown:\n{out}"));
+            let v =
+                shown.get(name).unwrap_or_else(|| panic!("{name} is in /proc/vmstat but not shown:\n{out}"));
             assert!(v.parse::<u64>().is_ok(), "{name} = {v:?}");
         } else {
             assert!(!shown.contains_key(name), "{name} shown, but this kernel does not print it");
@@ -265,7 +265,9 @@ fn check_buddyinfo_and_indices(snap: &Value) {
     let buddy = snap["buddyinfo"]["zones"].as_array().expect("buddyinfo.zones");
     let got: Vec<(u64, String, usize)> = buddy
         .iter()
-        .map(|z| (z["node"].as_u64().unwrap(), z["zone"].as_str().unwrap().to_string(), u64s(&z["free"]).len()))
+        .map(|z| {
+            (z["node"].as_u64().unwrap(), z["zone"].as_str().unwrap().to_string(), u64s(&z["free"]).len())
+        })
         .collect();
     assert_eq!(got, zones, "JSON zones differ from /proc/buddyinfo's");
 
@@ -290,7 +292,10 @@ fn json_snapshot_matches_live_zones_and_its_indices_recompute_from_its_buddyinfo
 
     assert!(snap["wall"].as_str().unwrap().ends_with('Z'), "wall is RFC 3339 UTC: {}", snap["wall"]);
     assert!(snap["monotonic_ns"].as_u64().unwrap() > 0);
-    assert!(snap.get("elapsed").is_none() && snap.get("vmstat_delta").is_none(), "a snapshot is not a series");
+    assert!(
+        snap.get("elapsed").is_none() && snap.get("vmstat_delta").is_none(),
+        "a snapshot is not a series"
+    );
 
     // The free table: total is MemTotal; used is the procps 4 formula, used_classic the 3.3 one.
     let f = &snap["free"];
@@ -340,7 +345,8 @@ fn watch_writes_a_json_line_per_tick_with_deltas_from_the_first() {
         check_buddyinfo_and_indices(s);
 
         let vm = s["vmstat"]["values"].as_object().unwrap();
-        let delta = s["vmstat_delta"]["values"].as_object().unwrap_or_else(|| panic!("sample {i}: no vmstat_delta"));
+        let delta =
+            s["vmstat_delta"]["values"].as_object().unwrap_or_else(|| panic!("sample {i}: no vmstat_delta"));
         // Every counter has a delta, gauges (nr_free_pages) have none.
         let counters: BTreeSet<&String> = vm.keys().filter(|k| *k != "nr_free_pages").collect();
         assert_eq!(delta.keys().collect::<BTreeSet<_>>(), counters, "sample {i}");
@@ -406,7 +412,11 @@ fn bad_input_is_refused_naming_the_flag_and_creating_nothing() {
     refused("nowatch", &["--duration", "3s"], &["--duration", "--watch"]);
     refused("nowatch-out", &["--duration", "3s", "--output", "OUT"], &["--duration", "--watch"]);
     refused("out-only", &["--output", "OUT"], &["--output", "--watch"]);
-    refused("soon", &["--watch", "100ms", "--duration", "soon", "--output", "OUT"], &["--duration", "\"soon\""]);
+    refused(
+        "soon",
+        &["--watch", "100ms", "--duration", "soon", "--output", "OUT"],
+        &["--duration", "\"soon\""],
+    );
     refused("bogus", &["--monitors", "bogus"], &["--monitors", "\"bogus\""]);
     refused("bogus-json", &["--monitors", "buddyinfo,bogus", "--json"], &["--monitors", "\"bogus\""]);
     refused(
