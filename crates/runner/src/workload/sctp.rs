@@ -1,0 +1,1828 @@
+//! SCTP workloads: association set-up with up to 65535 streams on both ends (seed 000, `sctp_test -M
+//! 65535 -T`), bulk transfer like `netperf -t SCTP_STREAM -- -m 12000` (seed 001) and request/response
+//! like `netperf -t SCTP_RR`, against an in-process server on loopback or a `--peer`.
+//!
+//! The SCTP socket API is driven through libc directly: SCTP_INITMSG asks for the stream counts,
+//! an SCTP_SNDINFO control message picks the stream of each message, SCTP_STATUS reports what the
+//! association negotiated, SCTP_RCVINFO tells the server which association and PPID a message had.
+//!
+//! Wire protocol with the server (the in-process one here, or [`Server`] on another host): the server
+//! consumes every message; a message whose PPID (big-endian) is N > 0 is answered with N bytes on the
+//! same stream. So any SCTP server that accepts associations works for `sctp-connect` and
+//! `sctp-stream`; `sctp-rr` needs one that answers.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use hdrhistogram::Histogram;
+use libc::c_int;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{json, Value};
+
+use super::result::{
+    latency_histogram, wall_now, CpuSample, ErrnoCount, Errors, Latency, Rusage, Spread, WorkloadResult,
+};
+use crate::units::{parse_duration, parse_size};
+
+// ---------------------------------------------------------------------------------------------
+// The kernel ABI (include/uapi/linux/sctp.h), checked against Debian's linux-libc-dev 6.1 header.
+// ---------------------------------------------------------------------------------------------
+
+const IPPROTO_SCTP: c_int = 132;
+const SOL_SCTP: c_int = 132;
+// Socket options (level SOL_SCTP).
+const SCTP_INITMSG: c_int = 2;
+const SCTP_NODELAY: c_int = 3;
+const SCTP_EVENTS: c_int = 11;
+const SCTP_STATUS: c_int = 14;
+const SCTP_RECVRCVINFO: c_int = 32;
+// Control-message types (level IPPROTO_SCTP), enum sctp_cmsg_type.
+const SCTP_SNDINFO: c_int = 2;
+const SCTP_RCVINFO: c_int = 3;
+/// recvmsg flag: the buffer holds a notification, not data.
+const MSG_NOTIFICATION: c_int = 0x8000;
+/// Notification types and association states.
+const SCTP_ASSOC_CHANGE: u16 = 0x8001;
+const SCTP_COMM_UP: u16 = 0;
+const SCTP_COMM_LOST: u16 = 1;
+const SCTP_RESTART: u16 = 2;
+const SCTP_SHUTDOWN_COMP: u16 = 3;
+const SCTP_CANT_STR_ASSOC: u16 = 4;
+
+/// `struct sctp_initmsg`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct SctpInitmsg {
+    sinit_num_ostreams: u16,
+    sinit_max_instreams: u16,
+    sinit_max_attempts: u16,
+    sinit_max_init_timeo: u16,
+}
+
+/// `struct sctp_paddrinfo`, which the header declares `__attribute__((packed, aligned(4)))`: the
+/// `sockaddr_storage` sits at offset 4, not 8. The address is kept as bytes so no field needs more
+/// than 4-byte alignment.
+#[repr(C, packed(4))]
+#[derive(Clone, Copy)]
+struct SctpPaddrinfo {
+    spinfo_assoc_id: i32,
+    spinfo_address: [u8; 128],
+    spinfo_state: i32,
+    spinfo_cwnd: u32,
+    spinfo_srtt: u32,
+    spinfo_rto: u32,
+    spinfo_mtu: u32,
+}
+
+/// `struct sctp_status`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SctpStatus {
+    sstat_assoc_id: i32,
+    sstat_state: i32,
+    sstat_rwnd: u32,
+    sstat_unackdata: u16,
+    sstat_penddata: u16,
+    sstat_instrms: u16,
+    sstat_outstrms: u16,
+    sstat_fragmentation_point: u32,
+    sstat_primary: SctpPaddrinfo,
+}
+
+/// `struct sctp_sndinfo` (the SCTP_SNDINFO control message).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct SctpSndinfo {
+    snd_sid: u16,
+    snd_flags: u16,
+    snd_ppid: u32,
+    snd_context: u32,
+    snd_assoc_id: i32,
+}
+
+/// `struct sctp_rcvinfo` (the SCTP_RCVINFO control message).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct SctpRcvinfo {
+    rcv_sid: u16,
+    rcv_ssn: u16,
+    rcv_flags: u16,
+    rcv_ppid: u32,
+    rcv_tsn: u32,
+    rcv_cumtsn: u32,
+    rcv_context: u32,
+    rcv_assoc_id: i32,
+}
+
+// Sizes and offsets as gcc lays them out from /usr/include/linux/sctp.h on x86_64.
+const _: () = {
+    use std::mem::{align_of, offset_of};
+    assert!(size_of::<SctpInitmsg>() == 8);
+    assert!(size_of::<SctpPaddrinfo>() == 152 && align_of::<SctpPaddrinfo>() == 4);
+    assert!(offset_of!(SctpPaddrinfo, spinfo_address) == 4);
+    assert!(offset_of!(SctpPaddrinfo, spinfo_state) == 132);
+    assert!(size_of::<SctpStatus>() == 176 && align_of::<SctpStatus>() == 4);
+    assert!(offset_of!(SctpStatus, sstat_instrms) == 16);
+    assert!(offset_of!(SctpStatus, sstat_primary) == 24);
+    assert!(size_of::<SctpSndinfo>() == 16);
+    assert!(size_of::<SctpRcvinfo>() == 28 && offset_of!(SctpRcvinfo, rcv_ppid) == 8);
+    assert!(offset_of!(SctpRcvinfo, rcv_assoc_id) == 24);
+};
+
+/// The error every kind returns when `socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP)` fails with
+/// EPROTONOSUPPORT.
+pub const NO_SCTP: &str = "this kernel has no SCTP (socket: EPROTONOSUPPORT): load the sctp module \
+                           (modprobe sctp) or run it in a guest with `fraglab vm`";
+
+/// Whether this kernel can open an SCTP socket (tries `socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP)`).
+pub fn kernel_has_sctp() -> bool {
+    Sock::new(libc::AF_INET, Style::OneToOne).is_ok()
+}
+
+fn check_sctp() -> Result<()> {
+    match Sock::new(libc::AF_INET, Style::OneToOne) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) => bail!(NO_SCTP),
+        Err(e) => Err(anyhow!("socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP): {e}")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------------------------
+
+/// SCTP socket style.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Style {
+    /// SOCK_STREAM: connect() sets the association up, like TCP (sctp_test -T, netperf SCTP_STREAM).
+    OneToOne,
+    /// SOCK_SEQPACKET: the first sendmsg to an address sets the association up, on both ends.
+    OneToMany,
+}
+
+impl Style {
+    fn sock_type(self) -> c_int {
+        match self {
+            Style::OneToOne => libc::SOCK_STREAM,
+            Style::OneToMany => libc::SOCK_SEQPACKET,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Style::OneToOne => "one-to-one",
+            Style::OneToMany => "one-to-many",
+        }
+    }
+}
+
+/// `fraglab workload sctp-connect`.
+#[derive(Debug, Clone, PartialEq, clap::Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectArgs {
+    /// Associations to set up, each closed once it is up (and its messages sent).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub associations: u64,
+    /// Associations set up at a time (1: one after another).
+    #[arg(long, value_name = "C", default_value_t = 1)]
+    pub concurrency: u64,
+    /// Streams asked for in SCTP_INITMSG, out and in, on the client and the in-process server (1-65535).
+    #[arg(long, value_name = "S", default_value_t = 65535)]
+    pub streams: u64,
+    /// one-to-one (SOCK_STREAM, connect) or one-to-many (SOCK_SEQPACKET, set up by the first sendmsg).
+    #[arg(long, value_enum, default_value_t = Style::OneToOne)]
+    pub style: Style,
+    /// After connecting, send one 1-byte message on every negotiated outbound stream.
+    #[arg(long)]
+    pub message_per_stream: bool,
+    /// Connect to this server instead of an in-process one on 127.0.0.1.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub peer: Option<String>,
+    /// Give up on an association that is not up after this long (counted as ETIMEDOUT).
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub timeout: String,
+}
+
+impl Default for ConnectArgs {
+    fn default() -> Self {
+        ConnectArgs {
+            associations: 100,
+            concurrency: 1,
+            streams: 65535,
+            style: Style::OneToOne,
+            message_per_stream: false,
+            peer: None,
+            timeout: "10s".into(),
+        }
+    }
+}
+
+/// `fraglab workload sctp-stream`.
+#[derive(Debug, Clone, PartialEq, clap::Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamArgs {
+    /// Sending threads, each with its own association.
+    #[arg(long, value_name = "T", default_value_t = 1)]
+    pub threads: u64,
+    /// How long to send.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub duration: String,
+    /// Message size (netperf -m), 1 B to 16 MiB.
+    #[arg(long, value_name = "SIZE", default_value = "12000")]
+    #[serde(deserialize_with = "size_text")]
+    pub msg: String,
+    /// SO_SNDBUF for the client and server sockets (netperf -s/-S); default: the kernel's.
+    #[arg(long, value_name = "SIZE")]
+    #[serde(deserialize_with = "opt_size_text")]
+    pub sndbuf: Option<String>,
+    /// SO_RCVBUF for the client and server sockets.
+    #[arg(long, value_name = "SIZE")]
+    #[serde(deserialize_with = "opt_size_text")]
+    pub rcvbuf: Option<String>,
+    /// one-to-one (SOCK_STREAM) or one-to-many (SOCK_SEQPACKET, set up by the first sendmsg).
+    #[arg(long, value_enum, default_value_t = Style::OneToOne)]
+    pub style: Style,
+    /// Send to this server instead of an in-process one on 127.0.0.1.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub peer: Option<String>,
+}
+
+impl Default for StreamArgs {
+    fn default() -> Self {
+        StreamArgs {
+            threads: 1,
+            duration: "10s".into(),
+            msg: "12000".into(),
+            sndbuf: None,
+            rcvbuf: None,
+            style: Style::OneToOne,
+            peer: None,
+        }
+    }
+}
+
+/// `fraglab workload sctp-rr`.
+#[derive(Debug, Clone, PartialEq, clap::Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RrArgs {
+    /// Clients, each with its own association, one transaction in flight each.
+    #[arg(long, value_name = "C", default_value_t = 1)]
+    pub clients: u64,
+    /// How long to run.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub duration: String,
+    /// Request size, 1 B to 16 MiB.
+    #[arg(long, value_name = "SIZE", default_value = "1")]
+    #[serde(deserialize_with = "size_text")]
+    pub req: String,
+    /// Response size, 1 B to 16 MiB.
+    #[arg(long, value_name = "SIZE", default_value = "1")]
+    #[serde(deserialize_with = "size_text")]
+    pub resp: String,
+    /// one-to-one (SOCK_STREAM) or one-to-many (SOCK_SEQPACKET, set up by the first sendmsg).
+    #[arg(long, value_enum, default_value_t = Style::OneToOne)]
+    pub style: Style,
+    /// Send to this server instead of an in-process one (it must answer as `fraglab serve` does).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub peer: Option<String>,
+}
+
+impl Default for RrArgs {
+    fn default() -> Self {
+        RrArgs {
+            clients: 1,
+            duration: "10s".into(),
+            req: "1".into(),
+            resp: "1".into(),
+            style: Style::OneToOne,
+            peer: None,
+        }
+    }
+}
+
+/// Sizes in configs may be written `msg = 12000` or `msg = "12KiB"`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeText {
+    Number(u64),
+    Text(String),
+}
+
+impl SizeText {
+    fn into_string(self) -> String {
+        match self {
+            SizeText::Number(n) => n.to_string(),
+            SizeText::Text(s) => s,
+        }
+    }
+}
+
+fn size_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(SizeText::deserialize(d)?.into_string())
+}
+
+fn opt_size_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<SizeText>::deserialize(d)?.map(SizeText::into_string))
+}
+
+/// Largest message fraglab sends or answers with.
+const MAX_MSG: u64 = 16 << 20;
+/// Most threads / clients / concurrent associations.
+const MAX_WORKERS: u64 = 4096;
+
+fn count(flag: &str, v: u64, max: u64) -> Result<usize> {
+    if v == 0 {
+        bail!("{flag} {v}: must be at least 1");
+    }
+    if v > max {
+        bail!("{flag} {v}: at most {max}");
+    }
+    Ok(v as usize)
+}
+
+fn duration(flag: &str, text: &str) -> Result<Duration> {
+    let d = parse_duration(text).map_err(|e| anyhow!("{flag} {text}: {e}"))?;
+    if d.is_zero() {
+        bail!("{flag} {text}: must be longer than zero");
+    }
+    Ok(d)
+}
+
+fn msg_size(flag: &str, text: &str) -> Result<usize> {
+    let n = parse_size(text).map_err(|e| anyhow!("{flag} {text}: {e}"))?;
+    if n == 0 || n > MAX_MSG {
+        bail!("{flag} {text}: a message is 1 byte to 16 MiB");
+    }
+    Ok(n as usize)
+}
+
+fn buf_size(flag: &str, text: &Option<String>) -> Result<Option<c_int>> {
+    let Some(text) = text else { return Ok(None) };
+    let n = parse_size(text).map_err(|e| anyhow!("{flag} {text}: {e}"))?;
+    if n == 0 || n > 1 << 30 {
+        bail!("{flag} {text}: a socket buffer is 1 byte to 1 GiB");
+    }
+    Ok(Some(n as c_int))
+}
+
+fn peer(text: &Option<String>) -> Result<Option<SocketAddr>> {
+    let Some(text) = text else { return Ok(None) };
+    let addr = text
+        .to_socket_addrs()
+        .map_err(|e| anyhow!("--peer {text}: {e}; write HOST:PORT, e.g. 10.0.0.2:9000"))?
+        .next()
+        .ok_or_else(|| anyhow!("--peer {text}: the name has no address"))?;
+    if addr.port() == 0 {
+        bail!("--peer {text}: needs a port");
+    }
+    Ok(Some(addr))
+}
+
+/// Options shared by the three kinds once validated.
+struct Common {
+    style: Style,
+    peer: Option<SocketAddr>,
+    sndbuf: Option<c_int>,
+    rcvbuf: Option<c_int>,
+}
+
+struct ConnectPlan {
+    n: u64,
+    workers: usize,
+    streams: u16,
+    message_per_stream: bool,
+    timeout: Duration,
+    common: Common,
+}
+
+impl ConnectPlan {
+    fn resolve(a: &ConnectArgs) -> Result<ConnectPlan> {
+        if a.associations == 0 {
+            bail!("--associations 0: must be at least 1");
+        }
+        let workers = count("--concurrency", a.concurrency, MAX_WORKERS)?;
+        if a.streams == 0 || a.streams > 65535 {
+            bail!("--streams {}: must be 1 to 65535 (SCTP stream numbers are 16-bit)", a.streams);
+        }
+        Ok(ConnectPlan {
+            n: a.associations,
+            workers: workers.min(a.associations.min(MAX_WORKERS) as usize),
+            streams: a.streams as u16,
+            message_per_stream: a.message_per_stream,
+            timeout: duration("--timeout", &a.timeout)?,
+            common: Common { style: a.style, peer: peer(&a.peer)?, sndbuf: None, rcvbuf: None },
+        })
+    }
+}
+
+struct StreamPlan {
+    threads: usize,
+    duration: Duration,
+    msg: usize,
+    common: Common,
+}
+
+impl StreamPlan {
+    fn resolve(a: &StreamArgs) -> Result<StreamPlan> {
+        Ok(StreamPlan {
+            threads: count("--threads", a.threads, MAX_WORKERS)?,
+            duration: duration("--duration", &a.duration)?,
+            msg: msg_size("--msg", &a.msg)?,
+            common: Common {
+                style: a.style,
+                peer: peer(&a.peer)?,
+                sndbuf: buf_size("--sndbuf", &a.sndbuf)?,
+                rcvbuf: buf_size("--rcvbuf", &a.rcvbuf)?,
+            },
+        })
+    }
+}
+
+struct RrPlan {
+    clients: usize,
+    duration: Duration,
+    req: usize,
+    resp: usize,
+    common: Common,
+}
+
+impl RrPlan {
+    fn resolve(a: &RrArgs) -> Result<RrPlan> {
+        Ok(RrPlan {
+            clients: count("--clients", a.clients, MAX_WORKERS)?,
+            duration: duration("--duration", &a.duration)?,
+            req: msg_size("--req", &a.req)?,
+            resp: msg_size("--resp", &a.resp)?,
+            common: Common { style: a.style, peer: peer(&a.peer)?, sndbuf: None, rcvbuf: None },
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sockets
+// ---------------------------------------------------------------------------------------------
+
+fn errno(code: c_int) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+fn cvt(ret: c_int) -> io::Result<c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn would_block(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINPROGRESS))
+}
+
+/// Errors worth retrying: the kernel was short of memory or buffers for this one call.
+fn transient(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOMEM) | Some(libc::ENOBUFS))
+}
+
+fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data and large and aligned enough for either family.
+    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: see above.
+            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in, sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: see above.
+            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in6, sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            Some(SocketAddr::new(sin6.sin6_addr.s6_addr.into(), u16::from_be(sin6.sin6_port)))
+        }
+        _ => None,
+    }
+}
+
+/// What one recvmsg returned.
+struct Received {
+    len: usize,
+    flags: c_int,
+    info: Option<SctpRcvinfo>,
+}
+
+impl Received {
+    fn is_notification(&self) -> bool {
+        self.flags & MSG_NOTIFICATION != 0
+    }
+
+    fn is_eor(&self) -> bool {
+        self.flags & libc::MSG_EOR != 0
+    }
+}
+
+/// An SCTP_ASSOC_CHANGE notification.
+struct AssocChange {
+    state: u16,
+    outbound: u16,
+    inbound: u16,
+    assoc_id: i32,
+}
+
+fn assoc_change(buf: &[u8]) -> Option<AssocChange> {
+    let u16_at = |o: usize| u16::from_ne_bytes([buf[o], buf[o + 1]]);
+    if buf.len() < 20 || u16_at(0) != SCTP_ASSOC_CHANGE {
+        return None;
+    }
+    Some(AssocChange {
+        state: u16_at(8),
+        outbound: u16_at(12),
+        inbound: u16_at(14),
+        assoc_id: i32::from_ne_bytes([buf[16], buf[17], buf[18], buf[19]]),
+    })
+}
+
+/// Control-message buffer: 8-byte aligned, room for one SCTP_SNDINFO or SCTP_RCVINFO and more.
+#[repr(C, align(8))]
+struct Cmsg([u8; 128]);
+
+struct Sock(OwnedFd);
+
+impl Sock {
+    fn new(family: c_int, style: Style) -> io::Result<Sock> {
+        // SAFETY: plain syscall.
+        let fd = cvt(unsafe { libc::socket(family, style.sock_type() | libc::SOCK_CLOEXEC, IPPROTO_SCTP) })?;
+        // SAFETY: the fd was just created and is owned by nothing else.
+        Ok(Sock(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn for_addr(addr: &SocketAddr, style: Style) -> io::Result<Sock> {
+        Sock::new(if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 }, style)
+    }
+
+    fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    fn set<T>(&self, level: c_int, name: c_int, value: &T) -> io::Result<()> {
+        let len = size_of::<T>() as libc::socklen_t;
+        // SAFETY: value points to len readable bytes.
+        cvt(unsafe { libc::setsockopt(self.fd(), level, name, value as *const T as *const _, len) }).map(drop)
+    }
+
+    fn set_int(&self, level: c_int, name: c_int, value: c_int) -> io::Result<()> {
+        self.set(level, name, &value)
+    }
+
+    fn get_int(&self, level: c_int, name: c_int) -> io::Result<c_int> {
+        let mut v: c_int = 0;
+        let mut len = size_of::<c_int>() as libc::socklen_t;
+        // SAFETY: v has len writable bytes.
+        cvt(unsafe { libc::getsockopt(self.fd(), level, name, &mut v as *mut c_int as *mut _, &mut len) })?;
+        Ok(v)
+    }
+
+    fn set_timeout(&self, name: c_int, d: Duration) -> io::Result<()> {
+        let tv = libc::timeval { tv_sec: d.as_secs() as libc::time_t, tv_usec: d.subsec_micros() as _ };
+        self.set(libc::SOL_SOCKET, name, &tv)
+    }
+
+    fn set_initmsg(&self, streams: u16) -> io::Result<()> {
+        let init =
+            SctpInitmsg { sinit_num_ostreams: streams, sinit_max_instreams: streams, ..Default::default() };
+        self.set(SOL_SCTP, SCTP_INITMSG, &init)
+    }
+
+    /// Turn on SCTP_ASSOC_CHANGE notifications (the second byte of struct sctp_event_subscribe; the
+    /// kernel accepts a prefix of the struct).
+    fn subscribe_assoc_changes(&self) -> io::Result<()> {
+        self.set(SOL_SCTP, SCTP_EVENTS, &[0u8, 1u8])
+    }
+
+    fn set_bufs(&self, sndbuf: Option<c_int>, rcvbuf: Option<c_int>) -> io::Result<()> {
+        if let Some(b) = sndbuf {
+            self.set_int(libc::SOL_SOCKET, libc::SO_SNDBUF, b)?;
+        }
+        if let Some(b) = rcvbuf {
+            self.set_int(libc::SOL_SOCKET, libc::SO_RCVBUF, b)?;
+        }
+        Ok(())
+    }
+
+    fn status(&self, assoc_id: i32) -> io::Result<SctpStatus> {
+        // SAFETY: plain data; the kernel reads sstat_assoc_id and fills the rest.
+        let mut st: SctpStatus = unsafe { zeroed() };
+        st.sstat_assoc_id = assoc_id;
+        let mut len = size_of::<SctpStatus>() as libc::socklen_t;
+        // SAFETY: st has len writable bytes.
+        cvt(unsafe {
+            libc::getsockopt(self.fd(), SOL_SCTP, SCTP_STATUS, &mut st as *mut SctpStatus as *mut _, &mut len)
+        })?;
+        Ok(st)
+    }
+
+    fn bind(&self, addr: &SocketAddr) -> io::Result<()> {
+        let (ss, len) = to_sockaddr(addr);
+        // SAFETY: ss holds len bytes of a valid sockaddr.
+        cvt(unsafe { libc::bind(self.fd(), &ss as *const _ as *const libc::sockaddr, len) }).map(drop)
+    }
+
+    fn listen(&self, backlog: c_int) -> io::Result<()> {
+        // SAFETY: plain syscall.
+        cvt(unsafe { libc::listen(self.fd(), backlog) }).map(drop)
+    }
+
+    fn connect(&self, addr: &SocketAddr) -> io::Result<()> {
+        let (ss, len) = to_sockaddr(addr);
+        loop {
+            // SAFETY: ss holds len bytes of a valid sockaddr.
+            match cvt(unsafe { libc::connect(self.fd(), &ss as *const _ as *const libc::sockaddr, len) }) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r.map(drop),
+            }
+        }
+    }
+
+    fn accept(&self) -> io::Result<Sock> {
+        // SAFETY: plain syscall; the peer address is not wanted.
+        let fd = cvt(unsafe {
+            libc::accept4(self.fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
+        })?;
+        // SAFETY: a new fd owned by nothing else.
+        Ok(Sock(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        // SAFETY: plain data.
+        let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: ss has len writable bytes.
+        cvt(unsafe { libc::getsockname(self.fd(), &mut ss as *mut _ as *mut libc::sockaddr, &mut len) })?;
+        from_sockaddr(&ss).ok_or_else(|| errno(libc::EAFNOSUPPORT))
+    }
+
+    /// Wait up to `ms` for something to read (or accept).
+    fn readable(&self, ms: c_int) -> io::Result<bool> {
+        let mut p = libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        match cvt(unsafe { libc::poll(&mut p, 1, ms) }) {
+            Ok(n) => Ok(n > 0),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One message on stream `sid` with payload protocol id `ppid`, to association `assoc_id`
+    /// (one-to-many) or address `to` (one-to-many; sets the association up if there is none).
+    fn send(
+        &self,
+        data: &[u8],
+        sid: u16,
+        ppid: u32,
+        assoc_id: i32,
+        to: Option<&SocketAddr>,
+    ) -> io::Result<usize> {
+        let info = SctpSndinfo {
+            snd_sid: sid,
+            snd_ppid: ppid.to_be(),
+            snd_assoc_id: assoc_id,
+            ..Default::default()
+        };
+        let mut cbuf = Cmsg([0; 128]);
+        let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
+        // SAFETY: msghdr is plain data.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        let dest = to.map(to_sockaddr);
+        if let Some((ss, len)) = &dest {
+            msg.msg_name = ss as *const _ as *mut _;
+            msg.msg_namelen = *len;
+        }
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        // SAFETY: CMSG_* only compute sizes and pointers inside cbuf, which is large enough for one
+        // SCTP_SNDINFO; the data is written unaligned.
+        unsafe {
+            msg.msg_controllen = libc::CMSG_SPACE(size_of::<SctpSndinfo>() as u32) as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = IPPROTO_SCTP;
+            (*c).cmsg_type = SCTP_SNDINFO;
+            (*c).cmsg_len = libc::CMSG_LEN(size_of::<SctpSndinfo>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut SctpSndinfo, info);
+        }
+        loop {
+            // SAFETY: msg and everything it points to live across the call.
+            let n = unsafe { libc::sendmsg(self.fd(), &msg, libc::MSG_NOSIGNAL) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// One recvmsg: data (with its SCTP_RCVINFO when turned on) or a notification.
+    fn recv(&self, buf: &mut [u8]) -> io::Result<Received> {
+        let mut cbuf = Cmsg([0; 128]);
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: msghdr is plain data.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = cbuf.0.len() as _;
+        let n = loop {
+            // SAFETY: msg points to live buffers of the stated sizes.
+            let n = unsafe { libc::recvmsg(self.fd(), &mut msg, 0) };
+            if n >= 0 {
+                break n as usize;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        };
+        let mut info = None;
+        // SAFETY: the kernel filled msg_control/msg_controllen; CMSG_* walk inside it.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == IPPROTO_SCTP
+                    && (*c).cmsg_type == SCTP_RCVINFO
+                    && (*c).cmsg_len as usize >= libc::CMSG_LEN(size_of::<SctpRcvinfo>() as u32) as usize
+                {
+                    info = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const SctpRcvinfo));
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        Ok(Received { len: n, flags: msg.msg_flags, info })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server side
+// ---------------------------------------------------------------------------------------------
+
+/// How the server side is set up.
+#[derive(Clone, Debug)]
+pub struct ServerOpts {
+    pub style: Style,
+    /// SCTP_INITMSG out and in streams (default: the kernel's).
+    pub streams: Option<u16>,
+    pub sndbuf: Option<c_int>,
+    pub rcvbuf: Option<c_int>,
+    /// SCTP_NODELAY on every association (request/response).
+    pub nodelay: bool,
+    pub backlog: c_int,
+}
+
+impl Default for ServerOpts {
+    fn default() -> Self {
+        ServerOpts {
+            style: Style::OneToOne,
+            streams: None,
+            sndbuf: None,
+            rcvbuf: None,
+            nodelay: false,
+            backlog: 1024,
+        }
+    }
+}
+
+/// What the server side saw.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ServerReport {
+    pub associations: u64,
+    pub messages: u64,
+    pub bytes: u64,
+    pub replies: u64,
+    /// Associations still open when the server gave up waiting for them to close.
+    pub unfinished: u64,
+    pub errors: Vec<ErrnoCount>,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    /// Set when the server stops waiting for open associations to close.
+    abandon: AtomicBool,
+    associations: AtomicU64,
+    messages: AtomicU64,
+    bytes: AtomicU64,
+    replies: AtomicU64,
+    unfinished: AtomicU64,
+    errors: Mutex<Errors>,
+}
+
+impl Shared {
+    fn record(&self, e: &io::Error) {
+        self.errors.lock().unwrap().record(e);
+    }
+}
+
+/// How long a stopping server waits for its associations to close.
+const SERVER_GRACE: Duration = Duration::from_secs(10);
+/// Receive timeout with which server loops look at the stop flags.
+const SERVER_TICK: Duration = Duration::from_millis(100);
+
+/// The SCTP server side: consumes every message and answers a message whose PPID is N > 0 with N
+/// bytes on the same stream. In-process for the workloads; `fraglab serve` can run it for a client
+/// on another host.
+pub struct Server {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Listen on `bind` (port 0: an ephemeral port) and serve on a thread until [`Server::stop`].
+    pub fn start(bind: SocketAddr, opts: ServerOpts) -> io::Result<Server> {
+        let sock = Sock::for_addr(&bind, opts.style)?;
+        sock.set_int(libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+        if let Some(s) = opts.streams {
+            sock.set_initmsg(s)?;
+        }
+        sock.set_bufs(opts.sndbuf, opts.rcvbuf)?;
+        sock.set_int(SOL_SCTP, SCTP_RECVRCVINFO, 1)?;
+        if opts.nodelay {
+            sock.set_int(SOL_SCTP, SCTP_NODELAY, 1)?;
+        }
+        if opts.style == Style::OneToMany {
+            // Before listen(): the server tracks open associations by their SCTP_COMM_UP, and waits
+            // for each to close before it stops, so no association may come up unseen.
+            sock.subscribe_assoc_changes()?;
+            sock.set_timeout(libc::SO_RCVTIMEO, SERVER_TICK)?;
+        }
+        sock.bind(&bind)?;
+        sock.listen(opts.backlog)?;
+        let addr = sock.local_addr()?;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            abandon: AtomicBool::new(false),
+            associations: AtomicU64::new(0),
+            messages: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            replies: AtomicU64::new(0),
+            unfinished: AtomicU64::new(0),
+            errors: Mutex::new(Errors::new(Instant::now())),
+        });
+        let sh = shared.clone();
+        let thread =
+            std::thread::Builder::new().name("sctp-server".into()).spawn(move || match opts.style {
+                Style::OneToOne => serve_one_to_one(sock, opts, sh),
+                Style::OneToMany => serve_one_to_many(sock, sh),
+            })?;
+        Ok(Server { addr, shared, thread: Some(thread) })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stop accepting, wait (up to 10 s) for open associations to close, and report.
+    pub fn stop(mut self) -> ServerReport {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let s = &self.shared;
+        let errors = std::mem::replace(&mut *s.errors.lock().unwrap(), Errors::new(Instant::now()));
+        ServerReport {
+            associations: s.associations.load(Ordering::SeqCst),
+            messages: s.messages.load(Ordering::SeqCst),
+            bytes: s.bytes.load(Ordering::SeqCst),
+            replies: s.replies.load(Ordering::SeqCst),
+            unfinished: s.unfinished.load(Ordering::SeqCst),
+            errors: errors.into_vec(),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.abandon.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Receive buffer per server association.
+const SERVER_BUF: usize = 256 << 10;
+
+/// Account for one received piece; when it ends a message with a PPID, answer it.
+fn serve_data(sock: &Sock, r: &Received, reply: &mut Vec<u8>, sh: &Shared) {
+    sh.bytes.fetch_add(r.len as u64, Ordering::Relaxed);
+    if !r.is_eor() {
+        return;
+    }
+    sh.messages.fetch_add(1, Ordering::Relaxed);
+    let Some(info) = r.info else { return };
+    let want = u32::from_be(info.rcv_ppid) as usize;
+    if want == 0 || want as u64 > MAX_MSG {
+        return;
+    }
+    if reply.len() < want {
+        reply.resize(want, 0x5a);
+    }
+    match sock.send(&reply[..want], info.rcv_sid, 0, info.rcv_assoc_id, None) {
+        Ok(_) => {
+            sh.replies.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => sh.record(&e),
+    }
+}
+
+fn serve_one_to_one(listener: Sock, opts: ServerOpts, sh: Arc<Shared>) {
+    let mut conns: Vec<JoinHandle<()>> = Vec::new();
+    loop {
+        let stopping = sh.stop.load(Ordering::SeqCst);
+        match listener.readable(SERVER_TICK.as_millis() as c_int) {
+            Ok(true) => {}
+            // Nothing left to accept: stop now if asked to before this wait.
+            Ok(false) if stopping => break,
+            Ok(false) => continue,
+            Err(e) => {
+                sh.record(&e);
+                std::thread::sleep(SERVER_TICK);
+                continue;
+            }
+        }
+        let conn = match listener.accept() {
+            Ok(c) => c,
+            Err(e) if would_block(&e) => continue,
+            Err(e) => {
+                sh.record(&e);
+                continue;
+            }
+        };
+        sh.associations.fetch_add(1, Ordering::Relaxed);
+        let setup = conn
+            .set_int(SOL_SCTP, SCTP_RECVRCVINFO, 1)
+            .and_then(|_| conn.set_timeout(libc::SO_RCVTIMEO, SERVER_TICK))
+            .and_then(|_| conn.set_bufs(opts.sndbuf, opts.rcvbuf))
+            .and_then(|_| if opts.nodelay { conn.set_int(SOL_SCTP, SCTP_NODELAY, 1) } else { Ok(()) });
+        if let Err(e) = setup {
+            sh.record(&e);
+        }
+        let s = sh.clone();
+        match std::thread::Builder::new().name("sctp-conn".into()).spawn(move || serve_conn(conn, s)) {
+            Ok(h) => conns.push(h),
+            Err(e) => sh.record(&e),
+        }
+        conns.retain(|h| !h.is_finished());
+    }
+    let deadline = Instant::now() + SERVER_GRACE;
+    while conns.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    sh.abandon.store(true, Ordering::SeqCst);
+    for h in conns {
+        let _ = h.join();
+    }
+}
+
+fn serve_conn(sock: Sock, sh: Arc<Shared>) {
+    let mut buf = vec![0u8; SERVER_BUF];
+    let mut reply = Vec::new();
+    loop {
+        match sock.recv(&mut buf) {
+            Ok(r) if r.is_notification() => {}
+            Ok(r) if r.len == 0 => return, // the client shut the association down
+            Ok(r) => serve_data(&sock, &r, &mut reply, &sh),
+            Err(e) if would_block(&e) => {
+                if sh.abandon.load(Ordering::SeqCst) {
+                    sh.unfinished.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+            Err(e) => {
+                if e.raw_os_error() != Some(libc::ENOTCONN) {
+                    sh.record(&e);
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn serve_one_to_many(sock: Sock, sh: Arc<Shared>) {
+    let mut buf = vec![0u8; SERVER_BUF];
+    let mut reply = Vec::new();
+    let mut open: HashSet<i32> = HashSet::new();
+    let mut stopping_since: Option<Instant> = None;
+    loop {
+        if stopping_since.is_none() && sh.stop.load(Ordering::SeqCst) {
+            stopping_since = Some(Instant::now());
+        }
+        match sock.recv(&mut buf) {
+            Ok(r) if r.is_notification() => {
+                if let Some(c) = assoc_change(&buf[..r.len]) {
+                    match c.state {
+                        SCTP_COMM_UP => {
+                            sh.associations.fetch_add(1, Ordering::Relaxed);
+                            open.insert(c.assoc_id);
+                        }
+                        SCTP_COMM_LOST | SCTP_SHUTDOWN_COMP | SCTP_CANT_STR_ASSOC => {
+                            open.remove(&c.assoc_id);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Ok(r) => serve_data(&sock, &r, &mut reply, &sh),
+            Err(e) if would_block(&e) => {
+                // Quiet for a tick: when stopping, leave once every association has closed.
+                if let Some(since) = stopping_since {
+                    if open.is_empty() || since.elapsed() > SERVER_GRACE || sh.abandon.load(Ordering::SeqCst)
+                    {
+                        sh.unfinished.fetch_add(open.len() as u64, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                sh.record(&e);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// The in-process server on 127.0.0.1, unless `--peer` names one.
+fn server_for(common: &Common, streams: Option<u16>, nodelay: bool) -> Result<(Option<Server>, SocketAddr)> {
+    if let Some(p) = common.peer {
+        return Ok((None, p));
+    }
+    let opts = ServerOpts {
+        style: common.style,
+        streams,
+        sndbuf: common.sndbuf,
+        rcvbuf: common.rcvbuf,
+        nodelay,
+        backlog: 1024,
+    };
+    let server = Server::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), opts)
+        .context("starting the in-process SCTP server on 127.0.0.1")?;
+    let addr = server.addr();
+    Ok((Some(server), addr))
+}
+
+fn server_details(
+    details: &mut BTreeMap<String, Value>,
+    common: &Common,
+    addr: SocketAddr,
+    report: Option<ServerReport>,
+) {
+    match report {
+        None => {
+            details.insert("peer".into(), json!(addr.to_string()));
+        }
+        Some(r) => {
+            details.insert("server".into(), json!(format!("in-process, {}, {addr}", common.style.name())));
+            details.insert("server_associations".into(), json!(r.associations));
+            details.insert("server_messages".into(), json!(r.messages));
+            details.insert("server_bytes".into(), json!(r.bytes));
+            if r.replies > 0 {
+                details.insert("server_replies".into(), json!(r.replies));
+            }
+            if r.unfinished > 0 {
+                details.insert("server_unfinished".into(), json!(r.unfinished));
+            }
+            if !r.errors.is_empty() {
+                details.insert("server_errors".into(), json!(r.errors));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clients
+// ---------------------------------------------------------------------------------------------
+
+/// A client association, ready to send.
+struct Client {
+    sock: Sock,
+    /// Where one-to-many sends go (the association is found by address).
+    to: Option<SocketAddr>,
+}
+
+impl Client {
+    fn send(&self, data: &[u8], sid: u16, ppid: u32) -> io::Result<usize> {
+        self.sock.send(data, sid, ppid, 0, self.to.as_ref())
+    }
+
+    /// Send a request and wait for the whole response.
+    fn transact(&self, req: &[u8], resp: usize, buf: &mut [u8]) -> io::Result<()> {
+        self.send(req, 0, resp as u32)?;
+        let mut got = 0;
+        loop {
+            let r =
+                self.sock.recv(buf).map_err(|e| if would_block(&e) { errno(libc::ETIMEDOUT) } else { e })?;
+            if r.is_notification() {
+                continue;
+            }
+            if r.len == 0 {
+                return Err(errno(libc::ECONNRESET));
+            }
+            got += r.len;
+            if r.is_eor() {
+                return if got == resp { Ok(()) } else { Err(errno(libc::EBADMSG)) };
+            }
+        }
+    }
+}
+
+/// Open a client association for sctp-stream / sctp-rr. One-to-one connects; one-to-many sends its
+/// first message later (the caller does that before the clock starts).
+fn open_client(common: &Common, addr: SocketAddr, nodelay: bool) -> io::Result<Client> {
+    let sock = Sock::for_addr(&addr, common.style)?;
+    sock.set_bufs(common.sndbuf, common.rcvbuf)?;
+    if nodelay {
+        sock.set_int(SOL_SCTP, SCTP_NODELAY, 1)?;
+    }
+    sock.set_timeout(libc::SO_SNDTIMEO, CLIENT_TIMEOUT)?;
+    sock.set_timeout(libc::SO_RCVTIMEO, CLIENT_TIMEOUT)?;
+    match common.style {
+        Style::OneToOne => {
+            sock.connect(&addr).map_err(|e| if would_block(&e) { errno(libc::ETIMEDOUT) } else { e })?;
+            Ok(Client { sock, to: None })
+        }
+        Style::OneToMany => Ok(Client { sock, to: Some(addr) }),
+    }
+}
+
+/// How long a stream/rr client waits for an association, a send or a response.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn micros(d: Duration) -> u64 {
+    (d.as_micros() as u64).max(1)
+}
+
+/// Start phase shared by sctp-stream and sctp-rr: every worker sets its association up, then the
+/// clock starts for all at once.
+struct Gate {
+    ready: Barrier,
+    go: Barrier,
+    deadline: Mutex<Option<Instant>>,
+}
+
+impl Gate {
+    fn new(workers: usize) -> Gate {
+        Gate { ready: Barrier::new(workers + 1), go: Barrier::new(workers + 1), deadline: Mutex::new(None) }
+    }
+
+    /// Worker side: wait for the start, return the deadline.
+    fn worker_wait(&self) -> Instant {
+        self.ready.wait();
+        self.go.wait();
+        self.deadline.lock().unwrap().expect("the deadline is set before go")
+    }
+
+    /// Main side: wait until every worker is set up, start the clock.
+    fn start(&self, run: Duration) -> Instant {
+        self.ready.wait();
+        let start = Instant::now();
+        *self.deadline.lock().unwrap() = Some(start + run);
+        self.go.wait();
+        start
+    }
+}
+
+/// What one stream/rr worker did.
+struct WorkerOut {
+    ok: u64,
+    failed: u64,
+    bytes: u64,
+    elapsed: Duration,
+    errors: Errors,
+    latency: Histogram<u64>,
+}
+
+impl WorkerOut {
+    fn new(t0: Instant) -> WorkerOut {
+        WorkerOut {
+            ok: 0,
+            failed: 0,
+            bytes: 0,
+            elapsed: Duration::ZERO,
+            errors: Errors::new(t0),
+            latency: latency_histogram(),
+        }
+    }
+}
+
+/// Merge worker results into the shared fields of a result.
+fn merge(outs: Vec<WorkerOut>, t0: Instant) -> (u64, u64, u64, Errors, Histogram<u64>) {
+    let mut errors = Errors::new(t0);
+    let mut h = latency_histogram();
+    let (mut ok, mut failed, mut bytes) = (0, 0, 0);
+    for o in outs {
+        ok += o.ok;
+        failed += o.failed;
+        bytes += o.bytes;
+        errors.merge(o.errors);
+        h.add(&o.latency).expect("same histogram bounds");
+    }
+    (ok, failed, bytes, errors, h)
+}
+
+fn result_base(kind: &str, params: Value, started: String) -> WorkloadResult {
+    WorkloadResult { kind: kind.into(), params, started, ..Default::default() }
+}
+
+// ---------------------------------------------------------------------------------------------
+// sctp-connect
+// ---------------------------------------------------------------------------------------------
+
+/// One association that came up.
+struct Up {
+    latency: Duration,
+    instrms: u16,
+    outstrms: u16,
+    status: Option<SctpStatus>,
+    messages_ok: u64,
+    messages_failed: u64,
+}
+
+#[derive(Default)]
+struct ConnectWorker {
+    ok: u64,
+    failed: u64,
+    messages_ok: u64,
+    messages_failed: u64,
+    fewer_streams: u64,
+    elapsed: Duration,
+    errors: Option<Errors>,
+    latency: Option<Histogram<u64>>,
+    /// The lowest-numbered association that came up, with its SCTP_STATUS.
+    first: Option<(u64, SctpStatus)>,
+}
+
+/// Set one association up, read its status, send its per-stream messages; closed on return.
+fn associate(p: &ConnectPlan, addr: &SocketAddr, errors: &mut Errors) -> io::Result<Up> {
+    let timed_out = |e: io::Error| if would_block(&e) { errno(libc::ETIMEDOUT) } else { e };
+    let style = p.common.style;
+    let sock = Sock::for_addr(addr, style)?;
+    sock.set_initmsg(p.streams)?;
+    if p.message_per_stream {
+        // Without it Nagle holds the 1-byte messages back until the peer's delayed SACK (200 ms):
+        // about 2 ms a message, minutes for 65535 streams.
+        sock.set_int(SOL_SCTP, SCTP_NODELAY, 1)?;
+    }
+    sock.set_timeout(libc::SO_SNDTIMEO, p.timeout)?;
+    sock.set_timeout(libc::SO_RCVTIMEO, p.timeout)?;
+    let (latency, assoc_id, mut outbound, mut inbound) = match style {
+        Style::OneToOne => {
+            let t = Instant::now();
+            sock.connect(addr).map_err(timed_out)?;
+            (t.elapsed(), 0, 0, 0)
+        }
+        Style::OneToMany => {
+            sock.subscribe_assoc_changes()?;
+            let t = Instant::now();
+            sock.send(b"s", 0, 0, 0, Some(addr))?;
+            let mut buf = [0u8; 512];
+            loop {
+                let r = sock.recv(&mut buf).map_err(timed_out)?;
+                let Some(c) = r.is_notification().then(|| assoc_change(&buf[..r.len])).flatten() else {
+                    continue;
+                };
+                match c.state {
+                    SCTP_COMM_UP | SCTP_RESTART => break (t.elapsed(), c.assoc_id, c.outbound, c.inbound),
+                    SCTP_CANT_STR_ASSOC | SCTP_COMM_LOST => return Err(errno(libc::ECONNREFUSED)),
+                    _ => {}
+                }
+            }
+        }
+    };
+    let status = match sock.status(assoc_id) {
+        Ok(s) => {
+            outbound = s.sstat_outstrms;
+            inbound = s.sstat_instrms;
+            Some(s)
+        }
+        Err(e) => {
+            errors.record(&e);
+            None
+        }
+    };
+    let (mut messages_ok, mut messages_failed) = (0, 0);
+    if p.message_per_stream {
+        for sid in 0..outbound {
+            match sock.send(b"m", sid, 0, assoc_id, None) {
+                Ok(_) => messages_ok += 1,
+                Err(e) => {
+                    messages_failed += 1;
+                    let retry = transient(&e);
+                    errors.record(&timed_out(e));
+                    if !retry {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+    Ok(Up { latency, instrms: inbound, outstrms: outbound, status, messages_ok, messages_failed })
+}
+
+fn connect_worker(p: &ConnectPlan, addr: &SocketAddr, next: &AtomicU64, t0: Instant) -> ConnectWorker {
+    let mut w = ConnectWorker::default();
+    let mut errors = Errors::new(t0);
+    let mut h = latency_histogram();
+    let start = Instant::now();
+    loop {
+        let i = next.fetch_add(1, Ordering::SeqCst);
+        if i >= p.n {
+            break;
+        }
+        match associate(p, addr, &mut errors) {
+            Ok(up) => {
+                w.ok += 1;
+                h.saturating_record(micros(up.latency));
+                w.messages_ok += up.messages_ok;
+                w.messages_failed += up.messages_failed;
+                if up.instrms < p.streams || up.outstrms < p.streams {
+                    w.fewer_streams += 1;
+                }
+                if let Some(s) = up.status {
+                    if w.first.as_ref().is_none_or(|(j, _)| i < *j) {
+                        w.first = Some((i, s));
+                    }
+                }
+            }
+            Err(e) => {
+                w.failed += 1;
+                errors.record(&e);
+            }
+        }
+    }
+    w.elapsed = start.elapsed();
+    w.errors = Some(errors);
+    w.latency = Some(h);
+    w
+}
+
+/// enum sctp_sstat_state.
+fn state_name(state: i32) -> String {
+    let names = [
+        "EMPTY",
+        "CLOSED",
+        "COOKIE_WAIT",
+        "COOKIE_ECHOED",
+        "ESTABLISHED",
+        "SHUTDOWN_PENDING",
+        "SHUTDOWN_SENT",
+        "SHUTDOWN_RECEIVED",
+        "SHUTDOWN_ACK_SENT",
+    ];
+    names.get(state as usize).map_or_else(|| format!("state {state}"), |n| n.to_string())
+}
+
+fn status_details(details: &mut BTreeMap<String, Value>, index: u64, s: &SctpStatus) {
+    let p = s.sstat_primary;
+    let (srtt, rto, mtu, cwnd) = (p.spinfo_srtt, p.spinfo_rto, p.spinfo_mtu, p.spinfo_cwnd);
+    details.insert("sstat_association".into(), json!(index));
+    details.insert("sstat_state".into(), json!(s.sstat_state));
+    details.insert("sstat_state_name".into(), json!(state_name(s.sstat_state)));
+    details.insert("sstat_instrms".into(), json!(s.sstat_instrms));
+    details.insert("sstat_outstrms".into(), json!(s.sstat_outstrms));
+    details.insert("sstat_rwnd".into(), json!(s.sstat_rwnd));
+    details.insert("sstat_fragmentation_point".into(), json!(s.sstat_fragmentation_point));
+    details
+        .insert("sstat_primary".into(), json!({ "srtt_ms": srtt, "rto_ms": rto, "mtu": mtu, "cwnd": cwnd }));
+}
+
+/// `fraglab workload sctp-connect`: set up N associations with up to 65535 streams each.
+pub fn connect(a: &ConnectArgs) -> Result<WorkloadResult> {
+    let p = ConnectPlan::resolve(a)?;
+    check_sctp()?;
+    let started = wall_now();
+    let ru0 = Rusage::now();
+    let (server, addr) = server_for(&p.common, Some(p.streams), false)?;
+    let cpu0 = CpuSample::now().ok();
+    let t0 = Instant::now();
+    let next = AtomicU64::new(0);
+    let workers: Vec<ConnectWorker> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p.workers).map(|_| s.spawn(|| connect_worker(&p, &addr, &next, t0))).collect();
+        hs.into_iter().map(|h| h.join().expect("connect worker panicked")).collect()
+    });
+    let elapsed = t0.elapsed();
+    let cpu = cpu0.and_then(|c| Some(c.until(&CpuSample::now().ok()?, 0)));
+    let report = server.map(Server::stop);
+
+    let mut errors = Errors::new(t0);
+    let mut h = latency_histogram();
+    let mut r = result_base("sctp-connect", serde_json::to_value(a)?, started);
+    let (mut messages_ok, mut messages_failed, mut fewer) = (0, 0, 0);
+    let mut first: Option<(u64, SctpStatus)> = None;
+    let mut rates = Vec::new();
+    for w in workers {
+        r.ok += w.ok;
+        r.failed += w.failed;
+        messages_ok += w.messages_ok;
+        messages_failed += w.messages_failed;
+        fewer += w.fewer_streams;
+        rates.push(w.ok as f64 / w.elapsed.as_secs_f64().max(1e-9));
+        errors.merge(w.errors.expect("set by the worker"));
+        h.add(w.latency.as_ref().expect("set by the worker")).expect("same histogram bounds");
+        if let Some((i, s)) = w.first {
+            if first.as_ref().is_none_or(|(j, _)| i < *j) {
+                first = Some((i, s));
+            }
+        }
+    }
+    r.duration_s = elapsed.as_secs_f64();
+    r.ops_per_sec = Some(r.ok as f64 / r.duration_s.max(1e-9));
+    r.per_worker = Spread::of(&rates);
+    r.latency_us = Latency::of(&h);
+    r.cpu = cpu;
+    r.bytes = messages_ok;
+    r.errors = errors.into_vec();
+    let d = &mut r.details;
+    d.insert("style".into(), json!(p.common.style.name()));
+    d.insert("streams_requested".into(), json!(p.streams));
+    d.insert("concurrency".into(), json!(p.workers));
+    if let Some((i, s)) = &first {
+        status_details(d, *i, s);
+    }
+    d.insert("associations_with_fewer_streams".into(), json!(fewer));
+    if p.message_per_stream {
+        d.insert("messages_sent".into(), json!(messages_ok));
+        d.insert("messages_failed".into(), json!(messages_failed));
+    }
+    server_details(d, &p.common, addr, report);
+    r.notes.push(match p.common.style {
+        Style::OneToOne => "latency: the connect() call (INIT to COOKIE-ACK)".into(),
+        Style::OneToMany => {
+            "one-to-many: each association is set up by its first sendmsg (1 byte on stream 0); latency: \
+             sendmsg to the SCTP_COMM_UP notification"
+                .into()
+        }
+    });
+    if r.errno_count("ETIMEDOUT") > 0 {
+        r.notes.push(format!(
+            "ETIMEDOUT: an association was not up (or a send did not go out) within --timeout {}",
+            a.timeout
+        ));
+    }
+    if r.errno_count("ECONNREFUSED") > 0 && p.common.style == Style::OneToMany {
+        r.notes.push("ECONNREFUSED: SCTP_CANT_STR_ASSOC or SCTP_COMM_LOST while setting up".into());
+    }
+    r.rusage = Rusage::now().since(&ru0);
+    Ok(r)
+}
+
+// ---------------------------------------------------------------------------------------------
+// sctp-stream
+// ---------------------------------------------------------------------------------------------
+
+fn stream_worker(p: &StreamPlan, addr: SocketAddr, gate: &Gate, t0: Instant) -> WorkerOut {
+    let mut out = WorkerOut::new(t0);
+    let msg = vec![0x5au8; p.msg];
+    // One-to-many: the association comes up with an unmeasured first message, before the clock.
+    let client = open_client(&p.common, addr, false)
+        .and_then(|c| if c.to.is_some() { c.send(&msg, 0, 0).map(|_| c) } else { Ok(c) })
+        .and_then(|c| c.sock.set_timeout(libc::SO_SNDTIMEO, Duration::from_millis(250)).map(|_| c));
+    let end = gate.worker_wait();
+    let client = match client {
+        Ok(c) => c,
+        Err(e) => {
+            out.failed += 1;
+            out.errors.record(&e);
+            return out;
+        }
+    };
+    let start = Instant::now();
+    loop {
+        let t = Instant::now();
+        if t >= end {
+            break;
+        }
+        match client.send(&msg, 0, 0) {
+            Ok(n) => {
+                out.ok += 1;
+                out.bytes += n as u64;
+                out.latency.saturating_record(micros(t.elapsed()));
+            }
+            // The send timeout only lets the loop look at the clock.
+            Err(e) if would_block(&e) => {}
+            Err(e) => {
+                out.failed += 1;
+                out.errors.record(&e);
+                if !transient(&e) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    out.elapsed = start.elapsed();
+    out
+}
+
+/// `fraglab workload sctp-stream`: like `netperf -t SCTP_STREAM -- -m 12000`.
+pub fn stream(a: &StreamArgs) -> Result<WorkloadResult> {
+    let p = StreamPlan::resolve(a)?;
+    check_sctp()?;
+    let started = wall_now();
+    let t0 = Instant::now();
+    let (server, addr) = server_for(&p.common, None, false)?;
+    let gate = Gate::new(p.threads);
+    let (outs, start, cpu0, ru0) = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p.threads).map(|_| s.spawn(|| stream_worker(&p, addr, &gate, t0))).collect();
+        let ru0 = Rusage::now();
+        let cpu0 = CpuSample::now().ok();
+        let start = gate.start(p.duration);
+        let outs: Vec<WorkerOut> =
+            hs.into_iter().map(|h| h.join().expect("stream worker panicked")).collect();
+        (outs, start, cpu0, ru0)
+    });
+    let elapsed = start.elapsed();
+    let rates: Vec<f64> =
+        outs.iter().map(|o| o.bytes as f64 * 8.0 / 1e6 / o.elapsed.as_secs_f64().max(1e-9)).collect();
+    let (ok, failed, bytes, errors, h) = merge(outs, t0);
+    let cpu = cpu0.and_then(|c| Some(c.until(&CpuSample::now().ok()?, bytes)));
+    let ru = Rusage::now().since(&ru0);
+    let report = server.map(Server::stop);
+
+    let mut r = result_base("sctp-stream", serde_json::to_value(a)?, started);
+    r.duration_s = elapsed.as_secs_f64();
+    r.ok = ok;
+    r.failed = failed;
+    r.bytes = bytes;
+    r.throughput_mbit = Some(bytes as f64 * 8.0 / 1e6 / r.duration_s.max(1e-9));
+    r.ops_per_sec = Some(ok as f64 / r.duration_s.max(1e-9));
+    r.per_worker = Spread::of(&rates);
+    r.latency_us = Latency::of(&h);
+    r.cpu = cpu;
+    r.errors = errors.into_vec();
+    r.rusage = ru;
+    let d = &mut r.details;
+    d.insert("style".into(), json!(p.common.style.name()));
+    d.insert("threads".into(), json!(p.threads));
+    d.insert("msg_bytes".into(), json!(p.msg));
+    if let Ok(sock) = Sock::for_addr(&addr, p.common.style) {
+        if sock.set_bufs(p.common.sndbuf, p.common.rcvbuf).is_ok() {
+            // What the kernel made of the request (it doubles SO_SNDBUF/SO_RCVBUF).
+            let get = |o| sock.get_int(libc::SOL_SOCKET, o).ok();
+            d.insert("sndbuf_bytes".into(), json!(get(libc::SO_SNDBUF)));
+            d.insert("rcvbuf_bytes".into(), json!(get(libc::SO_RCVBUF)));
+        }
+    }
+    server_details(d, &p.common, addr, report);
+    r.notes.push(
+        "throughput: payload bytes the clients' sendmsg calls accepted; latency: one sendmsg call".into(),
+    );
+    if p.common.peer.is_none() {
+        r.notes.push("the receiving side runs in this process: cpu and rusage include it".into());
+    }
+    if p.common.style == Style::OneToMany {
+        r.notes.push(
+            "one-to-many: each association is set up by one unmeasured message before the clock".into(),
+        );
+    }
+    Ok(r)
+}
+
+// ---------------------------------------------------------------------------------------------
+// sctp-rr
+// ---------------------------------------------------------------------------------------------
+
+fn rr_worker(p: &RrPlan, addr: SocketAddr, gate: &Gate, t0: Instant) -> WorkerOut {
+    let mut out = WorkerOut::new(t0);
+    let req = vec![0x5au8; p.req];
+    let mut buf = vec![0u8; p.resp.clamp(4096, 256 << 10)];
+    // One-to-many: the association comes up with an unmeasured first transaction, before the clock.
+    let client = open_client(&p.common, addr, true).and_then(|c| {
+        if c.to.is_some() {
+            c.transact(&req, p.resp, &mut buf).map(|_| c)
+        } else {
+            Ok(c)
+        }
+    });
+    let end = gate.worker_wait();
+    let client = match client {
+        Ok(c) => c,
+        Err(e) => {
+            out.failed += 1;
+            out.errors.record(&e);
+            return out;
+        }
+    };
+    let start = Instant::now();
+    loop {
+        let t = Instant::now();
+        if t >= end {
+            break;
+        }
+        match client.transact(&req, p.resp, &mut buf) {
+            Ok(()) => {
+                out.ok += 1;
+                out.bytes += p.req as u64;
+                out.latency.saturating_record(micros(t.elapsed()));
+            }
+            Err(e) => {
+                out.failed += 1;
+                out.errors.record(&e);
+                if !transient(&e) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    out.elapsed = start.elapsed();
+    out
+}
+
+/// `fraglab workload sctp-rr`: like `netperf -t SCTP_RR`.
+pub fn rr(a: &RrArgs) -> Result<WorkloadResult> {
+    let p = RrPlan::resolve(a)?;
+    check_sctp()?;
+    let started = wall_now();
+    let t0 = Instant::now();
+    let (server, addr) = server_for(&p.common, None, true)?;
+    let gate = Gate::new(p.clients);
+    let (outs, start, cpu0, ru0) = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p.clients).map(|_| s.spawn(|| rr_worker(&p, addr, &gate, t0))).collect();
+        let ru0 = Rusage::now();
+        let cpu0 = CpuSample::now().ok();
+        let start = gate.start(p.duration);
+        let outs: Vec<WorkerOut> = hs.into_iter().map(|h| h.join().expect("rr worker panicked")).collect();
+        (outs, start, cpu0, ru0)
+    });
+    let elapsed = start.elapsed();
+    let rates: Vec<f64> = outs.iter().map(|o| o.ok as f64 / o.elapsed.as_secs_f64().max(1e-9)).collect();
+    let (ok, failed, bytes, errors, h) = merge(outs, t0);
+    let cpu = cpu0.and_then(|c| Some(c.until(&CpuSample::now().ok()?, bytes + ok * p.resp as u64)));
+    let ru = Rusage::now().since(&ru0);
+    let report = server.map(Server::stop);
+
+    let mut r = result_base("sctp-rr", serde_json::to_value(a)?, started);
+    r.duration_s = elapsed.as_secs_f64();
+    r.ok = ok;
+    r.failed = failed;
+    r.bytes = bytes;
+    r.ops_per_sec = Some(ok as f64 / r.duration_s.max(1e-9));
+    r.per_worker = Spread::of(&rates);
+    r.latency_us = Latency::of(&h);
+    r.cpu = cpu;
+    r.errors = errors.into_vec();
+    r.rusage = ru;
+    let d = &mut r.details;
+    d.insert("style".into(), json!(p.common.style.name()));
+    d.insert("clients".into(), json!(p.clients));
+    d.insert("req_bytes".into(), json!(p.req));
+    d.insert("resp_bytes".into(), json!(p.resp));
+    d.insert("transactions".into(), json!(ok));
+    server_details(d, &p.common, addr, report);
+    r.notes.push(
+        "ok = transactions (request sent, whole response received); latency: one transaction; SCTP_NODELAY on \
+         both ends; cpu service demand counts request and response bytes"
+            .into(),
+    );
+    if p.common.peer.is_none() {
+        r.notes.push("the answering side runs in this process: cpu and rusage include it".into());
+    }
+    if p.common.style == Style::OneToMany {
+        r.notes.push(
+            "one-to-many: each association is set up by one unmeasured transaction before the clock; the \
+             in-process server answers every association from one socket and one thread"
+                .into(),
+        );
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{FromArgMatches, Parser};
+
+    #[derive(Parser)]
+    struct Wrap<T: clap::Args> {
+        #[command(flatten)]
+        a: T,
+    }
+
+    fn clap_default<T: clap::Args + FromArgMatches>() -> T {
+        Wrap::<T>::try_parse_from(["x"]).unwrap().a
+    }
+
+    #[test]
+    fn serde_defaults_are_clap_defaults() {
+        assert_eq!(clap_default::<ConnectArgs>(), serde_json::from_str("{}").unwrap());
+        assert_eq!(clap_default::<StreamArgs>(), serde_json::from_str("{}").unwrap());
+        assert_eq!(clap_default::<RrArgs>(), serde_json::from_str("{}").unwrap());
+        assert_eq!(clap_default::<ConnectArgs>(), ConnectArgs::default());
+    }
+
+    #[test]
+    fn args_round_trip_and_refuse_unknown_fields() {
+        let a: StreamArgs =
+            toml::from_str("threads = 4\nmsg = 1452\nsndbuf = \"200000\"\nstyle = \"one-to-many\"").unwrap();
+        assert_eq!((a.threads, a.msg.as_str(), a.sndbuf.as_deref()), (4, "1452", Some("200000")));
+        assert_eq!(a.style, Style::OneToMany);
+        let v = serde_json::to_value(&a).unwrap();
+        assert_eq!(serde_json::from_value::<StreamArgs>(v).unwrap(), a);
+        assert!(toml::from_str::<ConnectArgs>("stream = 5")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field"));
+        let c: ConnectArgs = toml::from_str("associations = 5\nmessage_per_stream = true").unwrap();
+        assert!(c.message_per_stream && c.streams == 65535);
+    }
+
+    #[test]
+    fn validation_names_flag_and_value() {
+        let err = |a: &ConnectArgs| ConnectPlan::resolve(a).err().unwrap().to_string();
+        assert!(err(&ConnectArgs { streams: 0, ..Default::default() }).starts_with("--streams 0:"));
+        assert!(err(&ConnectArgs { streams: 70000, ..Default::default() }).starts_with("--streams 70000:"));
+        assert!(err(&ConnectArgs { associations: 0, ..Default::default() }).starts_with("--associations 0:"));
+        assert!(err(&ConnectArgs { concurrency: 0, ..Default::default() }).starts_with("--concurrency 0:"));
+        assert!(
+            err(&ConnectArgs { timeout: "soon".into(), ..Default::default() }).starts_with("--timeout soon:")
+        );
+        assert!(
+            err(&ConnectArgs { peer: Some("127.0.0.1".into()), ..Default::default() }).starts_with("--peer")
+        );
+        let serr = |a: &StreamArgs| StreamPlan::resolve(a).err().unwrap().to_string();
+        assert!(serr(&StreamArgs { msg: "0".into(), ..Default::default() }).starts_with("--msg 0:"));
+        assert!(serr(&StreamArgs { msg: "12KB".into(), ..Default::default() }).starts_with("--msg 12KB:"));
+        assert!(
+            serr(&StreamArgs { duration: "0s".into(), ..Default::default() }).starts_with("--duration 0s:")
+        );
+        assert!(serr(&StreamArgs { sndbuf: Some("2GiB".into()), ..Default::default() })
+            .starts_with("--sndbuf 2GiB:"));
+        assert!(serr(&StreamArgs { threads: 0, ..Default::default() }).starts_with("--threads 0:"));
+        let rerr = |a: &RrArgs| RrPlan::resolve(a).err().unwrap().to_string();
+        assert!(rerr(&RrArgs { resp: "17MiB".into(), ..Default::default() }).starts_with("--resp 17MiB:"));
+        assert!(rerr(&RrArgs { clients: 0, ..Default::default() }).starts_with("--clients 0:"));
+        let ok = ConnectPlan::resolve(&ConnectArgs { associations: 3, concurrency: 8, ..Default::default() })
+            .unwrap();
+        assert_eq!((ok.workers, ok.streams), (3, 65535));
+    }
+
+    #[test]
+    fn sockaddr_round_trip() {
+        for a in ["127.0.0.1:9", "[::1]:65535", "10.1.2.3:22222"] {
+            let a: SocketAddr = a.parse().unwrap();
+            let (ss, _) = to_sockaddr(&a);
+            assert_eq!(from_sockaddr(&ss), Some(a));
+        }
+    }
+
+    #[test]
+    fn assoc_change_parses() {
+        let mut b = [0u8; 20];
+        b[0..2].copy_from_slice(&SCTP_ASSOC_CHANGE.to_ne_bytes());
+        b[8..10].copy_from_slice(&SCTP_COMM_UP.to_ne_bytes());
+        b[12..14].copy_from_slice(&65535u16.to_ne_bytes());
+        b[14..16].copy_from_slice(&10u16.to_ne_bytes());
+        b[16..20].copy_from_slice(&7i32.to_ne_bytes());
+        let c = assoc_change(&b).unwrap();
+        assert_eq!((c.state, c.outbound, c.inbound, c.assoc_id), (SCTP_COMM_UP, 65535, 10, 7));
+        assert!(assoc_change(&b[..12]).is_none());
+    }
+}
