@@ -122,7 +122,8 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
             .to_string();
         let mut options = serde_json::to_value(table)?;
         options.as_object_mut().expect("a TOML table is an object").remove("kind");
-        kind_from_options(&kind_name, &options).map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
+        let kind = kind_from_options(&kind_name, &options).map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
+        crate::workload::validate(&kind).map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
         base.push((kind_name, options));
     }
 
@@ -144,6 +145,7 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
                 }
             }
             let kind = kind_from_options(kind_name, &options)
+                .and_then(|k| crate::workload::validate(&k).map(|_| k))
                 .map_err(|e| anyhow::anyhow!("{}: sweep point {label}: {e:#}", src.locate(&["sweep"])))?;
             workloads.push(Workload { kind_name: kind_name.clone(), kind });
         }

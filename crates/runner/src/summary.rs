@@ -35,6 +35,9 @@ pub fn mean_stddev(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
+/// One summary row's values, unit and errno counts.
+type Row = (Vec<f64>, &'static str, BTreeMap<String, u64>);
+
 pub fn render(dir: &Path) -> Result<String> {
     let run = load(dir, "run.json")?;
     let workloads =
@@ -68,8 +71,7 @@ pub fn render(dir: &Path) -> Result<String> {
         }
     }
     // point → kind → values
-    let mut table: BTreeMap<(String, String), (Vec<f64>, &'static str, BTreeMap<String, u64>)> =
-        BTreeMap::new();
+    let mut table: BTreeMap<(String, String), Row> = BTreeMap::new();
     for w in workloads.as_array().into_iter().flatten() {
         let key = (
             w["point"].as_str().unwrap_or("-").to_string(),

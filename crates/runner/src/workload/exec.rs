@@ -76,8 +76,13 @@ pub fn errnos_in(line: &str) -> Vec<i32> {
     found
 }
 
-pub fn run(args: &ExecArgs) -> Result<WorkloadResult> {
-    // Validate everything before starting anything.
+/// Check the options without running anything: what `fraglab run` does before it fragments.
+pub fn validate(args: &ExecArgs) -> Result<()> {
+    resolve(args).map(drop)
+}
+
+/// The timeout, the output tail to keep, and the program with its arguments.
+fn resolve(args: &ExecArgs) -> Result<(std::time::Duration, usize, &String, &[String])> {
     let timeout =
         parse_duration(&args.timeout).map_err(|e| anyhow::anyhow!("--timeout {}: {e}", args.timeout))?;
     if timeout.is_zero() {
@@ -88,10 +93,15 @@ pub fn run(args: &ExecArgs) -> Result<WorkloadResult> {
     if keep > 64 << 20 {
         bail!("--keep-output {}: at most 64MiB", args.keep_output);
     }
-    let keep = keep as usize;
     let Some((program, rest)) = args.command.split_first() else {
         bail!("no command: write it after `--`, e.g. fraglab workload exec -- iperf3 -c 127.0.0.1");
     };
+    Ok((timeout, keep as usize, program, rest))
+}
+
+pub fn run(args: &ExecArgs) -> Result<WorkloadResult> {
+    // Validate everything before starting anything.
+    let (timeout, keep, program, rest) = resolve(args)?;
     let params = serde_json::to_value(args)?;
 
     // Ctrl-C / SIGTERM to fraglab are forwarded to the command's group, not left to orphan it. Threads

@@ -33,3 +33,14 @@ pub enum Kind {
     /// output are recognised.
     Exec(exec::ExecArgs),
 }
+
+/// Check a workload's options without running it: sizes, durations, counts, ranges. `fraglab run`
+/// calls this for every workload at every sweep point before it takes any memory.
+pub fn validate(kind: &Kind) -> anyhow::Result<()> {
+    match kind {
+        Kind::SctpConnect(_) | Kind::SctpStream(_) | Kind::SctpRr(_) => sctp::validate(kind),
+        Kind::TcpStream(_) | Kind::TcpRr(_) | Kind::TcpCrr(_) => tcp::validate(kind),
+        Kind::Trigger(t) => trigger::validate(t),
+        Kind::Exec(a) => exec::validate(a),
+    }
+}

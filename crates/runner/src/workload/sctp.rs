@@ -1434,6 +1434,16 @@ fn status_details(details: &mut BTreeMap<String, Value>, index: u64, s: &SctpSta
 }
 
 /// `fraglab workload sctp-connect`: set up N associations with up to 65535 streams each.
+/// Check options without opening a socket: what `fraglab run` does before it fragments.
+pub fn validate(kind: &super::Kind) -> Result<()> {
+    match kind {
+        super::Kind::SctpConnect(a) => ConnectPlan::resolve(a).map(drop),
+        super::Kind::SctpStream(a) => StreamPlan::resolve(a).map(drop),
+        super::Kind::SctpRr(a) => RrPlan::resolve(a).map(drop),
+        _ => Ok(()),
+    }
+}
+
 pub fn connect(a: &ConnectArgs) -> Result<WorkloadResult> {
     let p = ConnectPlan::resolve(a)?;
     check_sctp()?;

@@ -775,6 +775,15 @@ fn stream_worker(p: &StreamPlan, addr: SocketAddr, ctl: &Ctl) -> StreamOut {
 }
 
 /// `fraglab workload tcp-stream`.
+/// Check options without opening a socket: what `fraglab run` does before it fragments.
+pub fn validate(kind: &super::Kind) -> Result<()> {
+    match kind {
+        super::Kind::TcpStream(a) => StreamPlan::resolve(a).map(drop),
+        super::Kind::TcpRr(a) | super::Kind::TcpCrr(a) => RrPlan::resolve(a).map(drop),
+        _ => Ok(()),
+    }
+}
+
 pub fn stream(a: &StreamArgs) -> Result<WorkloadResult> {
     let p = StreamPlan::resolve(a)?;
     let mut r = base_result("tcp-stream", serde_json::to_value(a)?, wall_now());

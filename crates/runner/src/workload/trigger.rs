@@ -224,6 +224,11 @@ fn run_dir() -> PathBuf {
 }
 
 /// Run one trigger, journaling sysctls in the run directory set by [`set_run_dir`].
+/// Check options without touching anything: what `fraglab run` does before it fragments.
+pub fn validate(kind: &Kind) -> Result<()> {
+    plan(kind).map(drop)
+}
+
 pub fn run(kind: &Kind) -> Result<WorkloadResult> {
     run_in(kind, &run_dir())
 }

@@ -1,0 +1,171 @@
+//! `fraglab run` as a user runs it: every shipped config resolves, every broken config is refused
+//! with a clear error and no side effect, and the quickstart runs for real on this machine.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+
+/// Runs change machine-wide sysctls and take the instance lock: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn fraglab(run_dir: &Path, args: &[&str]) -> Output {
+    Command::new(FRAGLAB).arg("--run-dir").arg(run_dir).args(args).current_dir(repo()).output().unwrap()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fraglab-run-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// The kernel state a run must leave as it found it.
+fn kernel_state() -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = [
+        "vm/compact_unevictable_allowed",
+        "vm/percpu_pagelist_high_fraction",
+        "vm/compaction_proactiveness",
+        "vm/nr_hugepages",
+        "fs/pipe-max-size",
+        "net/core/optmem_max",
+        "net/core/high_order_alloc_disable",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap().trim().to_string()))
+    .collect();
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    v.push((
+        "tracefs mounted".into(),
+        mounts.lines().any(|l| l.split_whitespace().nth(2) == Some("tracefs")).to_string(),
+    ));
+    let instances = std::fs::read_dir("/sys/kernel/tracing/instances")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("fraglab"))
+                .count()
+        })
+        .unwrap_or(0);
+    v.push(("fraglab tracefs instances".into(), instances.to_string()));
+    v
+}
+
+#[test]
+fn every_shipped_config_resolves() {
+    let dir = scratch("dry");
+    for entry in std::fs::read_dir(repo().join("configs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let out = fraglab(&dir, &["run", path.to_str().unwrap(), "--dry-run"]);
+        assert!(out.status.success(), "{}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("nothing taken"));
+    }
+}
+
+#[test]
+fn broken_configs_are_refused_clearly_and_change_nothing() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = scratch("bad");
+    let results = scratch("bad-results");
+    let before = kernel_state();
+    // (file, what the message must say: the place and the reason)
+    let cases = [
+        ("syntax.toml", "line 2"),
+        ("unknown-key.toml", "itterations"),
+        ("wrong-type.toml", "line 3"),
+        ("unknown-fragment-key.toml", "budgett"),
+        ("order-too-high.toml", "[fragment] max_free_order"),
+        ("budget-too-big.toml", "more than this machine can give"),
+        ("negative-duration.toml", "-3s"),
+        ("zero-interval.toml", "[probe] interval"),
+        ("unknown-kind.toml", "udp-flood"),
+        ("unknown-workload-option.toml", "thread"),
+        ("sweep-no-such-option.toml", "clients"),
+        ("sweep-no-such-sysctl.toml", "no_such_knob"),
+        ("bad-errno.toml", "ENOTREAL"),
+        ("nothing-to-do.toml", "nothing to do"),
+        ("decimal-size.toml", "binary units"),
+        ("zero-iterations.toml", "[run] iterations"),
+    ];
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bad-configs");
+    assert_eq!(
+        std::fs::read_dir(&corpus).unwrap().count(),
+        cases.len(),
+        "every file in the corpus has a case"
+    );
+    for (file, want) in cases {
+        let path = corpus.join(file);
+        let out = fraglab(&dir, &["run", path.to_str().unwrap(), "-o", results.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(255), "{file}: {stderr}");
+        assert!(stderr.contains(want), "{file}: expected {want:?} in: {stderr}");
+        assert!(stderr.contains(file), "{file}: the error must name the file: {stderr}");
+        assert!(!results.exists(), "{file}: a refused config created a results directory");
+        assert!(!dir.join("lock").exists(), "{file}: a refused config took the instance lock");
+        assert_eq!(kernel_state(), before, "{file}: a refused config changed the kernel");
+    }
+}
+
+#[test]
+fn quickstart_runs_end_to_end_and_leaves_the_kernel_as_it_was() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = scratch("quick");
+    let results = scratch("quick-results");
+    let before = kernel_state();
+    let out = fraglab(&dir, &["run", "configs/quickstart.toml", "-o", results.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // A 512 MiB budget leaves the rest of the machine contiguous: nothing should fail.
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("verdict: not-reproduced"), "{stdout}");
+    assert_eq!(kernel_state(), before, "the run left the kernel changed");
+
+    let run_dir: Vec<_> = std::fs::read_dir(&results).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(run_dir.len(), 1);
+    let d = &run_dir[0];
+    assert!(d.file_name().unwrap().to_string_lossy().starts_with("quickstart-"));
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["status"], "complete");
+    assert_eq!(run["verdict"], "not-reproduced");
+    assert!(run["config"].as_str().unwrap().contains("[fragment]"));
+    assert!(!run["kernel_release"].as_str().unwrap().is_empty());
+    let phases: Vec<&str> =
+        run["phases"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    for want in ["baseline", "fragment", "monitors", "release", "final"] {
+        assert!(phases.contains(&want), "phase {want} missing: {phases:?}");
+    }
+    let f = &run["fragment"];
+    assert!(f["planned"][0].as_u64().unwrap() > 1000, "{f}");
+    assert_eq!(f["moved_pages"], 0);
+
+    // Two iterations of two workloads, each with real traffic / real calls.
+    let w: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("workloads.json")).unwrap()).unwrap();
+    let w = w.as_array().unwrap();
+    assert_eq!(w.len(), 4, "{w:?}");
+    for r in w {
+        let kind = r["result"]["kind"].as_str().unwrap();
+        if kind == "tcp-stream" {
+            assert!(r["result"]["bytes"].as_u64().unwrap() > 1 << 20);
+        } else {
+            assert!(kind.starts_with("trigger"), "{kind}");
+            assert_eq!(r["result"]["ok"], 5);
+            assert_eq!(r["result"]["details"]["order"], 6);
+        }
+    }
+    // The background sampler ran through the workloads (500 ms interval, several seconds).
+    let probe = std::fs::read_to_string(d.join("probe.jsonl")).unwrap();
+    let samples: Vec<serde_json::Value> = probe.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(samples.len() >= 8, "{} samples", samples.len());
+    assert!(samples.windows(2).all(|p| p[0]["monotonic_ns"].as_u64() < p[1]["monotonic_ns"].as_u64()));
+    for f in ["alloc_failures.jsonl", "kmsg.log", "baseline.json", "final.json"] {
+        assert!(d.join(f).exists(), "{f} missing");
+    }
+}
