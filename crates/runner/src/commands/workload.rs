@@ -10,7 +10,14 @@ use crate::workload::result::WorkloadResult;
 use crate::workload::{exec, sctp, tcp, trigger, Kind};
 
 pub fn run(args: WorkloadArgs) -> Result<ExitCode> {
-    let result = run_kind(&args.kind)?;
+    let result = match run_kind(&args.kind) {
+        Ok(r) => r,
+        Err(e) if e.downcast_ref::<crate::workload::Unsupported>().is_some() => {
+            eprintln!("fraglab: {e:#}");
+            return Ok(ExitCode::from(crate::EXIT_UNSUPPORTED));
+        }
+        Err(e) => return Err(e),
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {

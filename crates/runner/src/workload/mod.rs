@@ -11,6 +11,19 @@ pub mod trigger;
 
 use clap::Subcommand;
 
+/// The kernel lacks what a workload needs (SCTP, io_uring, ...): `fraglab workload` and
+/// `fraglab run` exit 125, "could not test", rather than 1.
+#[derive(Debug)]
+pub struct Unsupported(pub String);
+
+impl std::fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unsupported {}
+
 /// `fraglab workload <kind>`.
 #[derive(Debug, Subcommand)]
 pub enum Kind {

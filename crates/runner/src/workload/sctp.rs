@@ -150,7 +150,9 @@ pub fn kernel_has_sctp() -> bool {
 fn check_sctp() -> Result<()> {
     match Sock::new(libc::AF_INET, Style::OneToOne) {
         Ok(_) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) => bail!(NO_SCTP),
+        Err(e) if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) => {
+            Err(super::Unsupported(NO_SCTP.to_string()).into())
+        }
         Err(e) => Err(anyhow!("socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP): {e}")),
     }
 }

@@ -712,10 +712,14 @@ impl CallState {
             Call::SctpBindx { bytes } => {
                 let sock = match socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) {
                     Ok(s) => s,
-                    Err(e) if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) => bail!(
-                        "this kernel has no SCTP (socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP): EPROTONOSUPPORT): \
-                         load the sctp module or use `fraglab vm`"
-                    ),
+                    Err(e) if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) => {
+                        return Err(super::Unsupported(
+                            "this kernel has no SCTP (socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP): EPROTONOSUPPORT): \
+                             load the sctp module or use `fraglab vm`"
+                                .into(),
+                        )
+                        .into())
+                    }
                     Err(e) => return Err(e).context("cannot open an SCTP socket"),
                 };
                 CallState::SctpBindx { sock, buf: vec![0; bytes as usize] }
