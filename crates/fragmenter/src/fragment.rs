@@ -152,6 +152,18 @@ impl Fragmenter {
         if plan.no_proactive_compaction {
             journal.set("vm.compaction_proactiveness", "0")?;
         }
+        if plan.budget.is_none() {
+            // Whole-machine mode: the DMA zone's few MiB sit in large free blocks that no one may
+            // take (lowmem_reserve keeps it for DMA allocations) but that the kernel's own
+            // high-order requests may still fall back to. A ratio of 1 makes the reserve larger
+            // than the zone: DMA is out of play for every higher zone's allocations.
+            let ratios = crate::sysctl::read("vm.lowmem_reserve_ratio")?;
+            let mut fields: Vec<&str> = ratios.split_whitespace().collect();
+            if let Some(dma) = fields.first_mut() {
+                *dma = "1";
+                journal.set("vm.lowmem_reserve_ratio", &fields.join(" "))?;
+            }
+        }
         let buddyinfo_before = BuddyInfo::read()?;
 
         let mut arena = Arena::default();

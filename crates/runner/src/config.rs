@@ -173,6 +173,7 @@ impl Source {
 pub fn render_key(path: &[&str]) -> String {
     match path {
         [table] => format!("[{table}]"),
+        ["workload", i] => format!("[[workload]] #{}", i.parse::<usize>().map(|n| n + 1).unwrap_or(0)),
         ["workload", i, rest @ ..] => {
             let n = i.parse::<usize>().map(|n| n + 1).unwrap_or(0);
             format!("[[workload]] #{n} {}", rest.join("."))

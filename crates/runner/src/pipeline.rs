@@ -26,8 +26,12 @@ pub enum Verdict {
     NotReproduced,
     /// Exit 1.
     Reproduced,
-    /// Exit 125: the target was not reached or something the run needs is missing.
+    /// Exit 125: the target was not reached or lost, something the run needs is missing, or a
+    /// workload could not run.
     CouldNotTest,
+    /// Exit 130: stopped by a signal; the results are incomplete. Above 127, so `git bisect run`
+    /// stops too.
+    Interrupted,
 }
 
 impl Verdict {
@@ -36,6 +40,7 @@ impl Verdict {
             Verdict::NotReproduced => 0,
             Verdict::Reproduced => 1,
             Verdict::CouldNotTest => 125,
+            Verdict::Interrupted => 130,
         }
     }
 }
@@ -149,6 +154,7 @@ fn pipeline(
     let kmsg = if plan.kmsg { Some(KmsgTail::start(&results)?) } else { None };
     let mut workloads = Vec::new();
     let mut interrupted = None;
+    let mut failed_to_run = Vec::new();
 
     'points: for point in &plan.points {
         for (name, value) in &point.sysctls {
@@ -164,9 +170,9 @@ fn pipeline(
                 let result = match crate::commands::workload::run_kind(&w.kind) {
                     Ok(r) => r,
                     Err(e) => {
-                        record
-                            .errors
-                            .push(format!("{} at {} iteration {iteration}: {e:#}", w.kind_name, point.label));
+                        let what = format!("{} at {} iteration {iteration}: {e:#}", w.kind_name, point.label);
+                        record.errors.push(what.clone());
+                        failed_to_run.push(what);
                         continue;
                     }
                 };
@@ -211,14 +217,24 @@ fn pipeline(
     phases.end();
     record.phases = phases.done();
 
-    let (verdict, reason) = verdict(plan, &workloads, &failures, &kernel_log);
+    let (mut verdict, mut reason) = verdict(plan, &workloads, &failures, &kernel_log);
+    // A run that did not do all it set out to cannot say "not reproduced".
+    if verdict == Verdict::NotReproduced {
+        let lost = record.fragment.as_ref().and_then(|f| f.target_lost.clone());
+        if let Some(lost) = lost {
+            (verdict, reason) = (Verdict::CouldNotTest, format!("the target was lost during the run: {lost}"));
+        } else if let Some(first) = failed_to_run.first() {
+            (verdict, reason) =
+                (Verdict::CouldNotTest, format!("{} workload run(s) failed to run; first: {first}", failed_to_run.len()));
+        }
+    }
     if let Some(why) = interrupted {
         record.status = "incomplete".into();
-        record.reason = why;
-        record.verdict = Some(verdict);
+        record.reason = format!("{why}; what ran so far: {reason}");
+        record.verdict = Some(Verdict::Interrupted);
         record.finished = Some(crate::workload::result::wall_now());
         results.write_json("run.json", &record)?;
-        return Ok((verdict, results));
+        return Ok((Verdict::Interrupted, results));
     }
     finish(results, record, verdict, reason)
 }
@@ -416,6 +432,11 @@ fn verdict(
         if n > 0 {
             return (Verdict::Reproduced, format!("{e} seen {n} times in the workloads"));
         }
+    }
+    // An [expect] that names errnos but no order asks for those errnos only: a kernel that fails an
+    // allocation and quietly falls back has not reproduced the bug the errno stands for.
+    if !plan.expect.errno.is_empty() && plan.expect.failed_order.is_none() {
+        return (Verdict::NotReproduced, format!("no {} in the workloads", errnos.join("/")));
     }
     let min_order = plan.expect.failed_order.unwrap_or(plan.catch_min_order);
     let caught = failures.iter().filter(|f| f.order >= min_order).count();
