@@ -176,5 +176,8 @@ fn a_guest_kernel_panic_is_125_with_the_console() {
     assert_eq!(out.status.code(), Some(125));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("kernel panic") && stderr.contains("Kernel panic"), "{stderr}");
+    // The console log is kept for the user; this test has read it.
+    let log = stderr.lines().find_map(|l| l.strip_prefix("fraglab vm: full console: ")).expect("log path");
+    std::fs::remove_dir_all(Path::new(log).parent().unwrap()).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -284,7 +284,10 @@ fn resolve_program(p: &Path) -> Result<PathBuf> {
 }
 
 fn cmdline(args: &VmArgs) -> String {
-    let mut c = String::from("console=ttyS0 panic=-1 loglevel=4 rdinit=/bin/fraglab");
+    // loglevel 5 keeps the boot chatter off the (emulated, slow) console but shows warnings, oopses
+    // and panics; --verbose shows everything.
+    let level = if args.verbose { 7 } else { 5 };
+    let mut c = format!("console=ttyS0 panic=-1 loglevel={level} rdinit=/bin/fraglab");
     if let Some(extra) = &args.append {
         c.push(' ');
         c.push_str(extra);
@@ -383,7 +386,8 @@ fn report(args: &VmArgs, outcome: Outcome, work: &Path) -> Result<ExitCode> {
             match &args.results {
                 Some(dir) => {
                     std::fs::create_dir_all(dir).with_context(|| format!("--results {}", dir.display()))?;
-                    let files = initramfs::unpack(&results, dir)?;
+                    let files =
+                        if results.is_empty() { Vec::new() } else { initramfs::unpack(&results, dir)? };
                     if args.verbose {
                         eprintln!("fraglab vm: {} result files in {}", files.len(), dir.display());
                     }
