@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod compare;
 pub mod config;
 pub mod pipeline;
 pub mod resolve;
@@ -55,6 +56,7 @@ pub fn main() -> ExitCode {
         cli::Command::Serve(args) => crate::workload::tcp::serve(args),
         cli::Command::Vm(args) => crate::vm::run(args),
         cli::Command::Scan(args) => commands::scan::run(args),
+        cli::Command::Compare(args) => commands::compare::run(args),
     };
     match result {
         Ok(code) => code,

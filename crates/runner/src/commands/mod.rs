@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod compare;
 pub mod fragment;
 pub mod probe;
 pub mod run;

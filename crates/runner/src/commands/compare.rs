@@ -1,0 +1,529 @@
+//! `fraglab compare DIR_A DIR_B [more…]`: every run against the first (the baseline), as a text
+//! table like the mailing lists' ("good / good + series", pct in brackets), markdown or JSON.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+
+use crate::commands::run::EXIT_ERROR;
+use crate::compare::{Better, Comparison, MetricRow, RunData, Side};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Text,
+    Markdown,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Results directories of `fraglab run` (`results/stock-…`); the first is the baseline every
+    /// other run is compared against.
+    #[arg(value_name = "DIR", required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+    /// Names for the runs in the tables, comma-separated, in the order of the directories
+    /// (default: A, B, C, …).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub labels: Vec<String>,
+}
+
+/// Exit 0 with the comparison on stdout; 255 (with the reason on stderr) when the directories cannot
+/// be read or do not measure the same thing.
+pub fn run(args: CompareArgs) -> Result<ExitCode> {
+    match build(&args) {
+        Ok(c) => {
+            for w in &c.warnings {
+                eprintln!("fraglab: warning: {w}");
+            }
+            let out = match args.format {
+                Format::Text => text(&c),
+                Format::Markdown => markdown(&c),
+                Format::Json => serde_json::to_string_pretty(&c)? + "\n",
+            };
+            print!("{out}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("fraglab: {e:#}");
+            Ok(ExitCode::from(EXIT_ERROR))
+        }
+    }
+}
+
+fn build(args: &CompareArgs) -> Result<Comparison> {
+    if args.dirs.len() < 2 {
+        anyhow::bail!(
+            "compare needs at least two results directories: the baseline and a run to set against it"
+        );
+    }
+    if !args.labels.is_empty() && args.labels.len() != args.dirs.len() {
+        anyhow::bail!("--labels gives {} names for {} directories", args.labels.len(), args.dirs.len());
+    }
+    let runs = args
+        .dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let label = args.labels.get(i).cloned().unwrap_or_else(|| default_label(i));
+            RunData::load(d, &label)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    crate::compare::compare(&runs)
+}
+
+/// A, B, …, Z, R27, R28, …
+fn default_label(i: usize) -> String {
+    if i < 26 {
+        ((b'A' + i as u8) as char).to_string()
+    } else {
+        format!("R{}", i + 1)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cells
+// ---------------------------------------------------------------------------------------------
+
+fn signed_pct(p: Option<f64>) -> String {
+    match p {
+        Some(0.0) => "0.00 pct".into(),
+        Some(p) => format!("{p:+.2} pct"),
+        None => "- pct".into(),
+    }
+}
+
+fn ratio(r: Option<f64>) -> String {
+    match r {
+        Some(r) if r.is_infinite() => "inf".into(),
+        Some(r) => format!("{r:.2}"),
+        None => "-".into(),
+    }
+}
+
+fn p_value(side: &Side) -> String {
+    match side.vs_baseline.as_ref().and_then(|v| v.welch) {
+        Some(w) if w.p < 0.001 => "<0.001".into(),
+        Some(w) => format!("{:.3}", w.p),
+        None => "-".into(),
+    }
+}
+
+/// `6303.31 ±3363.05 n=2 (0.00 pct)` for the baseline; `… (+11.21 pct) p=0.813 r=0.09 *` for others.
+fn cell(side: &Option<Side>, baseline: bool) -> String {
+    let Some(s) = side else { return "-".into() };
+    let head = format!("{:.2} ±{:.2} n={}", s.mean, s.stddev, s.n);
+    if baseline {
+        return format!("{head} (0.00 pct)");
+    }
+    match &s.vs_baseline {
+        None => format!("{head} (no baseline)"),
+        Some(v) => format!(
+            "{head} ({}) p={} r={}{}",
+            signed_pct(v.pct),
+            p_value(s),
+            ratio(v.ci_ratio),
+            if v.significant { " *" } else { "" }
+        ),
+    }
+}
+
+fn title(row: &MetricRow) -> String {
+    let better = match row.better {
+        Better::Higher => "higher is better",
+        Better::Lower => "lower is better",
+    };
+    format!("#{} {}: {}, {} ({better})", row.index + 1, row.kind, row.metric, row.unit)
+}
+
+/// Metric rows grouped into one table per (workload, metric), rows = sweep points, in run order.
+fn groups(c: &Comparison) -> Vec<Vec<&MetricRow>> {
+    let mut out: Vec<Vec<&MetricRow>> = Vec::new();
+    for row in &c.metrics {
+        match out.iter_mut().find(|g| {
+            let h = g[0];
+            (h.index, &h.kind, &h.metric) == (row.index, &row.kind, &row.metric)
+        }) {
+            Some(g) => g.push(row),
+            None => out.push(vec![row]),
+        }
+    }
+    out
+}
+
+fn significant(c: &Comparison) -> Vec<String> {
+    let mut out = Vec::new();
+    for row in &c.metrics {
+        for (run, side) in c.runs.iter().zip(&row.sides).skip(1) {
+            let Some(v) = side.as_ref().and_then(|s| s.vs_baseline.as_ref()) else { continue };
+            if v.significant {
+                out.push(format!(
+                    "#{} {} {} at point {}: {} {} ({}, p={}, r={})",
+                    row.index + 1,
+                    row.kind,
+                    row.metric,
+                    row.point,
+                    run.label,
+                    signed_pct(v.pct),
+                    v.change,
+                    side.as_ref().map(p_value).unwrap_or_default(),
+                    ratio(v.ci_ratio)
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn label_width(c: &Comparison) -> usize {
+    c.runs.iter().map(|r| r.label.chars().count()).max().unwrap_or(1)
+}
+
+fn header_lines(c: &Comparison) -> Vec<String> {
+    let w = label_width(c);
+    c.runs
+        .iter()
+        .map(|r| {
+            format!(
+                "{:<w$}  {} on {}, {}: {}, {} — {}",
+                r.label,
+                r.kernel_release,
+                r.host,
+                r.name,
+                r.status,
+                r.verdict.as_deref().unwrap_or("no verdict"),
+                r.dir
+            )
+        })
+        .collect()
+}
+
+const LEGEND: [&str; 3] = [
+    "mean ±stddev over n iterations, (pct) change of the mean against the baseline;",
+    "p: Welch's two-sided t-test; r: |difference| / sum of the two 95% confidence half-widths",
+    "(mmtests' rule), * = significant (r > 1)",
+];
+
+fn orders(c: &Comparison) -> usize {
+    c.fragment.iter().map(|f| f.planned.len().max(f.intact.len())).max().unwrap_or(0)
+}
+
+fn size(b: Option<u64>) -> String {
+    b.map(crate::units::format_size).unwrap_or_else(|| "-".into())
+}
+
+fn fragment_summary(f: &crate::compare::FragmentSide) -> String {
+    if f.target.is_none() {
+        return f.target_text.clone();
+    }
+    let mut s = format!(
+        "{}; budget {}, held {}, freed {}",
+        f.target_text,
+        f.budget.map(crate::units::format_size).unwrap_or_else(|| "whole machine".into()),
+        size(f.held_bytes),
+        size(f.freed_bytes)
+    );
+    if let Some(m) = f.moved_pages.filter(|m| *m > 0) {
+        s += &format!(", {m} held pages migrated");
+    }
+    if let Some(l) = &f.target_lost {
+        s += &format!("; target lost: {l}");
+    }
+    s
+}
+
+fn delta(d: Option<i64>) -> String {
+    d.map(|d| d.to_string()).unwrap_or_else(|| "-".into())
+}
+
+fn compaction_sources(c: &Comparison) -> String {
+    let sources: Vec<String> =
+        c.runs.iter().map(|r| r.compaction_source.clone().unwrap_or_else(|| "not recorded".into())).collect();
+    if sources.windows(2).all(|w| w[0] == w[1]) {
+        sources[0].clone()
+    } else {
+        c.runs.iter().zip(&sources).map(|(r, s)| format!("{}: {s}", r.label)).collect::<Vec<_>>().join("; ")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text
+// ---------------------------------------------------------------------------------------------
+
+/// Columns two spaces apart, every line indented by two; after the first column, cells are
+/// right-aligned when `right` (counts) and left-aligned otherwise (composite cells).
+fn columns(rows: &[Vec<String>], right: bool) -> String {
+    let n = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..n)
+        .map(|i| rows.iter().filter_map(|r| r.get(i)).map(|c| c.chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut o = String::new();
+    for r in rows {
+        let mut line = String::from(" ");
+        for (i, c) in r.iter().enumerate() {
+            let pad = " ".repeat(widths[i] - c.chars().count());
+            line += " ";
+            if right && i > 0 {
+                line += &pad;
+                line += c;
+            } else {
+                line += c;
+                line += &pad;
+            }
+            line += " ";
+        }
+        o += line.trim_end();
+        o += "\n";
+    }
+    o
+}
+
+pub fn text(c: &Comparison) -> String {
+    let mut o = format!("fraglab compare: {} runs, each against {}\n", c.runs.len(), c.baseline);
+    for l in header_lines(c) {
+        o += &format!("  {l}\n");
+    }
+    for w in &c.warnings {
+        o += &format!("warning: {w}\n");
+    }
+    for n in &c.notes {
+        o += &format!("note: {n}\n");
+    }
+    let labels: Vec<String> = c.runs.iter().map(|r| r.label.clone()).collect();
+
+    o += "\nWorkloads\n";
+    if c.metrics.is_empty() {
+        o += "  no workload results in these runs\n";
+    } else {
+        for l in LEGEND {
+            o += &format!("  {l}\n");
+        }
+        for g in groups(c) {
+            o += &format!("\n{}\n", title(g[0]));
+            let mut rows = vec![std::iter::once("point".to_string()).chain(labels.iter().cloned()).collect()];
+            for row in g {
+                let mut r = vec![row.point.clone()];
+                r.extend(row.sides.iter().enumerate().map(|(i, s)| cell(s, i == 0)));
+                rows.push(r);
+            }
+            o += &columns(&rows, false);
+        }
+        let sig = significant(c);
+        o += "\nSignificant changes (r > 1)\n";
+        if sig.is_empty() {
+            o += "  none\n";
+        }
+        for s in sig {
+            o += &format!("  {s}\n");
+        }
+    }
+
+    o += "\nFragmentation: target vs achieved (free blocks per order the cut made; intact = still free at the end)\n";
+    let n = orders(c);
+    for f in &c.fragment {
+        o += &format!("  {:<w$}  {}\n", f.label, fragment_summary(f), w = label_width(c));
+        if f.target.is_some() && n > 0 {
+            let mut rows =
+                vec![std::iter::once("order".to_string()).chain((0..n).map(|i| i.to_string())).collect()];
+            let line = |name: &str, v: &[u64]| -> Vec<String> {
+                std::iter::once(name.to_string())
+                    .chain((0..n).map(|i| v.get(i).map(|x| x.to_string()).unwrap_or_else(|| "-".into())))
+                    .collect()
+            };
+            rows.push(line("planned", &f.planned));
+            rows.push(line("intact", &f.intact));
+            if f.missing.iter().any(|m| *m > 0) {
+                rows.push(line("missing", &f.missing));
+            }
+            for l in columns(&rows, true).lines() {
+                o += &format!("  {:w$}  {}\n", "", l.trim_start(), w = label_width(c));
+            }
+        }
+    }
+
+    o += "\nFailed allocations caught in the kernel (alloc_failures.jsonl), by order\n";
+    if c.failures_by_order.is_empty() {
+        o += "  none in any run\n";
+    } else {
+        let mut rows = vec![std::iter::once("order".to_string()).chain(labels.iter().cloned()).collect()];
+        for r in &c.failures_by_order {
+            rows.push(std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect());
+        }
+        o += &columns(&rows, true);
+    }
+
+    o += "\nWorkload failures by errno (workloads.json, all points and iterations)\n";
+    if c.errors_by_errno.is_empty() {
+        o += "  none in any run\n";
+    } else {
+        let mut rows = vec![std::iter::once("errno".to_string()).chain(labels.iter().cloned()).collect()];
+        for r in &c.errors_by_errno {
+            rows.push(std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect());
+        }
+        o += &columns(&rows, true);
+    }
+
+    o += &format!("\nCompaction counters over the run ({})\n", compaction_sources(c));
+    let mut rows = vec![std::iter::once("counter".to_string()).chain(labels.iter().cloned()).collect()];
+    for r in &c.compaction {
+        rows.push(std::iter::once(r.counter.clone()).chain(r.deltas.iter().map(|d| delta(*d))).collect());
+    }
+    o += &columns(&rows, true);
+    o
+}
+
+// ---------------------------------------------------------------------------------------------
+// Markdown
+// ---------------------------------------------------------------------------------------------
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+fn md_table(header: &[String], rows: &[Vec<String>]) -> String {
+    let mut o = format!("| {} |\n", header.iter().map(|h| md_escape(h)).collect::<Vec<_>>().join(" | "));
+    o += &format!("|{}\n", header.iter().map(|_| " --- |").collect::<String>());
+    for r in rows {
+        o += &format!("| {} |\n", r.iter().map(|c| md_escape(c)).collect::<Vec<_>>().join(" | "));
+    }
+    o
+}
+
+pub fn markdown(c: &Comparison) -> String {
+    let mut o = format!("# fraglab compare: {} runs, each against {}\n\n", c.runs.len(), c.baseline);
+    let labels: Vec<String> = c.runs.iter().map(|r| r.label.clone()).collect();
+    let runs: Vec<Vec<String>> = c
+        .runs
+        .iter()
+        .map(|r| {
+            vec![
+                format!("**{}**", r.label),
+                r.kernel_release.clone(),
+                r.host.clone(),
+                r.name.clone(),
+                format!("{}, {}", r.status, r.verdict.as_deref().unwrap_or("no verdict")),
+                format!("`{}`", r.dir),
+            ]
+        })
+        .collect();
+    o += &md_table(
+        &["run", "kernel", "host", "config", "status, verdict", "directory"].map(String::from),
+        &runs,
+    );
+    o += "\n";
+    for w in &c.warnings {
+        o += &format!("> **Warning:** {}\n\n", w);
+    }
+    for n in &c.notes {
+        o += &format!("> Note: {}\n\n", n);
+    }
+
+    o += "## Workloads\n\n";
+    if c.metrics.is_empty() {
+        o += "No workload results in these runs.\n\n";
+    } else {
+        o += &format!("{}; significant cells are in bold.\n\n", LEGEND.join(" "));
+        let header: Vec<String> =
+            std::iter::once("point".to_string()).chain(labels.iter().cloned()).collect();
+        for g in groups(c) {
+            o += &format!("### {}\n\n", title(g[0]));
+            let rows: Vec<Vec<String>> = g
+                .iter()
+                .map(|row| {
+                    std::iter::once(format!("`{}`", row.point))
+                        .chain(row.sides.iter().enumerate().map(|(i, s)| {
+                            let text = cell(s, i == 0);
+                            let sig = s
+                                .as_ref()
+                                .and_then(|s| s.vs_baseline.as_ref())
+                                .is_some_and(|v| v.significant);
+                            if sig {
+                                format!("**{text}**")
+                            } else {
+                                text
+                            }
+                        }))
+                        .collect()
+                })
+                .collect();
+            o += &md_table(&header, &rows);
+            o += "\n";
+        }
+        o += "### Significant changes (r > 1)\n\n";
+        let sig = significant(c);
+        if sig.is_empty() {
+            o += "None.\n";
+        }
+        for s in sig {
+            o += &format!("- {s}\n");
+        }
+        o += "\n";
+    }
+
+    o += "## Fragmentation: target vs achieved\n\n";
+    o += "Free blocks per order the cut made (planned) and still free at the end of the run (intact).\n\n";
+    let n = orders(c);
+    for f in &c.fragment {
+        o += &format!("- **{}**: {}\n", f.label, fragment_summary(f));
+    }
+    o += "\n";
+    if n > 0 && c.fragment.iter().any(|f| f.target.is_some()) {
+        let header: Vec<String> =
+            std::iter::once("run".to_string()).chain((0..n).map(|i| format!("order {i}"))).collect();
+        let mut rows = Vec::new();
+        for f in c.fragment.iter().filter(|f| f.target.is_some()) {
+            for (name, v) in [("planned", &f.planned), ("intact", &f.intact), ("missing", &f.missing)] {
+                if name == "missing" && v.iter().all(|m| *m == 0) {
+                    continue;
+                }
+                rows.push(
+                    std::iter::once(format!("{} {name}", f.label))
+                        .chain((0..n).map(|i| v.get(i).map(|x| x.to_string()).unwrap_or_else(|| "-".into())))
+                        .collect(),
+                );
+            }
+        }
+        o += &md_table(&header, &rows);
+        o += "\n";
+    }
+
+    let header = |first: &str| -> Vec<String> {
+        std::iter::once(first.to_string()).chain(labels.iter().cloned()).collect()
+    };
+    o += "## Failed allocations caught in the kernel, by order\n\n";
+    if c.failures_by_order.is_empty() {
+        o += "None in any run.\n\n";
+    } else {
+        let rows: Vec<Vec<String>> = c
+            .failures_by_order
+            .iter()
+            .map(|r| std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect())
+            .collect();
+        o += &md_table(&header("order"), &rows);
+        o += "\n";
+    }
+    o += "## Workload failures by errno\n\n";
+    if c.errors_by_errno.is_empty() {
+        o += "None in any run.\n\n";
+    } else {
+        let rows: Vec<Vec<String>> = c
+            .errors_by_errno
+            .iter()
+            .map(|r| std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect())
+            .collect();
+        o += &md_table(&header("errno"), &rows);
+        o += "\n";
+    }
+    o += &format!("## Compaction counters over the run\n\nFrom {}.\n\n", compaction_sources(c));
+    let rows: Vec<Vec<String>> = c
+        .compaction
+        .iter()
+        .map(|r| std::iter::once(r.counter.clone()).chain(r.deltas.iter().map(|d| delta(*d))).collect())
+        .collect();
+    o += &md_table(&header("counter"), &rows);
+    o
+}
