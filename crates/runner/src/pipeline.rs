@@ -10,7 +10,7 @@ use fraglab_fragmenter::fragment::Fragmenter;
 use fraglab_fragmenter::instance::Instance;
 use fraglab_fragmenter::sysctl::Journal;
 use fraglab_probe::kmsg::{KmsgEvent, KmsgWatcher};
-use fraglab_probe::snapshot::{Sampler, Snapshot};
+use fraglab_probe::snapshot::{Monitor, Sampler, Snapshot};
 use fraglab_probe::tracefs::Catcher;
 use serde::Serialize;
 
@@ -129,7 +129,7 @@ fn pipeline(
     let journal = Journal::create(run_dir)?;
 
     phases.begin("baseline");
-    results.write_json("baseline.json", &Snapshot::take(&plan.monitors)?)?;
+    results.write_json("baseline.json", &Snapshot::take(&Monitor::available().0)?)?;
 
     phases.begin("fragment");
     // One journal for the run: the fragmenter's sysctls and the sweep's, restored together.
@@ -213,7 +213,7 @@ fn pipeline(
     drop(instance);
 
     phases.begin("final");
-    results.write_json("final.json", &Snapshot::take(&plan.monitors)?)?;
+    results.write_json("final.json", &Snapshot::take(&Monitor::available().0)?)?;
     phases.end();
     record.phases = phases.done();
 
@@ -222,10 +222,13 @@ fn pipeline(
     if verdict == Verdict::NotReproduced {
         let lost = record.fragment.as_ref().and_then(|f| f.target_lost.clone());
         if let Some(lost) = lost {
-            (verdict, reason) = (Verdict::CouldNotTest, format!("the target was lost during the run: {lost}"));
-        } else if let Some(first) = failed_to_run.first() {
             (verdict, reason) =
-                (Verdict::CouldNotTest, format!("{} workload run(s) failed to run; first: {first}", failed_to_run.len()));
+                (Verdict::CouldNotTest, format!("the target was lost during the run: {lost}"));
+        } else if let Some(first) = failed_to_run.first() {
+            (verdict, reason) = (
+                Verdict::CouldNotTest,
+                format!("{} workload run(s) failed to run; first: {first}", failed_to_run.len()),
+            );
         }
     }
     if let Some(why) = interrupted {

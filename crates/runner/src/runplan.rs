@@ -71,8 +71,11 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
     if interval.is_zero() {
         bail!("{}: the sampling interval must be above zero", src.locate(&["probe", "interval"]));
     }
-    let (available, _) = Monitor::available();
+    let (mut available, _) = Monitor::available();
     let monitors = if cfg.probe.monitors.is_empty() {
+        // pagetypeinfo holds the zone lock with interrupts off while it walks every free list: in
+        // a series only when the config asks for it (baseline and final snapshots have it).
+        available.remove(&Monitor::Pagetypeinfo);
         available
     } else {
         let mut set = BTreeSet::new();

@@ -426,10 +426,8 @@ fn bad_input_is_refused_naming_the_flag_and_creating_nothing() {
     );
 }
 
-/// The two messages that name the flag but not the value typed. Run with `--ignored` once
-/// crates/runner/src/commands/probe.rs quotes the value in them.
+/// Every refusal quotes the value typed, not just the flag.
 #[test]
-#[ignore = "probe.rs: `--watch 0s` and `--duration 3s` without --watch do not quote the value"]
 fn bad_input_messages_quote_the_value() {
     refused("zero-value", &["--watch", "0s", "--duration", "1s", "--output", "OUT"], &["--watch", "0s"]);
     refused("nowatch-value", &["--duration", "3s", "--output", "OUT"], &["--duration", "3s"]);
