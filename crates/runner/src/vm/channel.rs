@@ -68,6 +68,9 @@ pub enum Verdict {
     Signaled(i32),
     /// Init could not run it (a missing program, a broken initramfs).
     InitFailed(String),
+    /// Still running at the guest-side deadline (this many seconds of guest uptime): init killed
+    /// every process and sent the results written so far.
+    TimedOut(u64),
 }
 
 impl Verdict {
@@ -77,7 +80,7 @@ impl Verdict {
         match self {
             Verdict::Exited(c) => (*c & 0xff) as u8,
             Verdict::Signaled(s) => (128 + *s).clamp(0, 255) as u8,
-            Verdict::InitFailed(_) => crate::EXIT_UNSUPPORTED,
+            Verdict::InitFailed(_) | Verdict::TimedOut(_) => crate::EXIT_UNSUPPORTED,
         }
     }
 }
@@ -191,5 +194,6 @@ mod tests {
         assert_eq!(Verdict::Exited(1).exit_code(), 1);
         assert_eq!(Verdict::Signaled(9).exit_code(), 137);
         assert_eq!(Verdict::InitFailed("x".into()).exit_code(), 125);
+        assert_eq!(Verdict::TimedOut(280).exit_code(), 125);
     }
 }

@@ -32,6 +32,9 @@ pub struct Job {
     pub modules: Vec<String>,
     /// Extra directories for PATH (where --extra-bin programs live).
     pub path: Vec<String>,
+    /// Guest uptime (s) at which a command still running is killed, so its partial results still
+    /// come back before the host's --timeout kills the whole guest.
+    pub deadline_secs: Option<u64>,
 }
 
 /// Never returns: the guest powers off.
@@ -248,8 +251,18 @@ fn run_job(ch: &mut Channel, job: &Job) -> Result<Verdict> {
     let mut err = child.stderr.take().map(|e| File::from(OwnedFd::from(e)));
     let mut status = None;
     let mut linger_until = None;
+    let mut timed_out = false;
     let mut buf = vec![0u8; channel::MAX_FRAME];
     loop {
+        if !timed_out && status.is_none() && job.deadline_secs.is_some_and(|d| uptime() >= d as f64) {
+            ch.warn(&format!(
+                "the command is still running at {} s of guest uptime, near the --timeout; killing every process",
+                job.deadline_secs.unwrap_or_default()
+            ));
+            // SAFETY: kill(-1) signals every process but PID 1 (us).
+            unsafe { libc::kill(-1, libc::SIGKILL) };
+            timed_out = true;
+        }
         // Reap: the job, and orphans re-parented to us (daemons' parents, a script's children).
         loop {
             let mut st = 0;
@@ -292,11 +305,20 @@ fn run_job(ch: &mut Channel, job: &Job) -> Result<Verdict> {
         }
     }
     let status = status.expect("loop ends only after the job exits");
+    if timed_out {
+        return Ok(Verdict::TimedOut(job.deadline_secs.unwrap_or_default()));
+    }
     Ok(match (status.code(), status.signal()) {
         (Some(c), _) => Verdict::Exited(c),
         (None, Some(s)) => Verdict::Signaled(s),
         _ => Verdict::InitFailed(format!("job ended oddly: {status:?}")),
     })
+}
+
+/// Seconds since the guest kernel started.
+fn uptime() -> f64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME);
+    t.map(|t| t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9).unwrap_or(0.0)
 }
 
 fn power_off() -> ! {

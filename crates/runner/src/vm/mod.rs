@@ -168,8 +168,8 @@ fn host(args: VmArgs) -> Result<ExitCode> {
     })();
     if args.keep {
         eprintln!("fraglab vm: work directory kept: {}", work.display());
-    } else if result.as_ref().is_ok_and(|c| *c == ExitCode::from(EXIT_UNSUPPORTED)) {
-        // Keep the console log the message points at; drop the bulky rest.
+    } else if work.join(CONSOLE_CITED).exists() {
+        // Keep the console log the message pointed at; drop the bulky rest.
         for f in ["initramfs.cpio", "channel.sock"] {
             let _ = std::fs::remove_file(work.join(f));
         }
@@ -261,7 +261,11 @@ fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<ini
         let guest = if guest.starts_with('/') { guest } else { format!("{}/{guest}", init::RESULTS_DIR) };
         fs.host_file(&guest, Path::new(host)).with_context(|| format!("--file {f}"))?;
     }
-    let job = init::Job { argv: plan.argv.clone(), modules: module_paths, path: path_dirs };
+    // Leave the guest time to send what the command wrote before the host's timeout: a quarter of
+    // it, at most 20 s (guest uptime starts a second or two after qemu does).
+    let margin = (plan.timeout / 4).min(Duration::from_secs(20));
+    let deadline_secs = Some(plan.timeout.saturating_sub(margin).as_secs().max(1));
+    let job = init::Job { argv: plan.argv.clone(), modules: module_paths, path: path_dirs, deadline_secs };
     fs.bytes(init::JOB_PATH, serde_json::to_vec_pretty(&job)?, 0o644)?;
     Ok(fs)
 }
@@ -364,11 +368,21 @@ fn boot_and_report(
     }
 }
 
+/// Left in the work directory when a message cites its console.log, which is then kept.
+const CONSOLE_CITED: &str = "console-cited";
+
 fn report(args: &VmArgs, outcome: Outcome, work: &Path) -> Result<ExitCode> {
     let tail = |lines: &[String]| {
+        if lines.is_empty() {
+            eprintln!("  | (nothing yet)");
+        }
         for l in lines {
             eprintln!("  | {l}");
         }
+    };
+    let cite = || {
+        let _ = std::fs::write(work.join(CONSOLE_CITED), "");
+        eprintln!("fraglab vm: full console: {}", work.join("console.log").display());
     };
     match outcome {
         Outcome::Finished { verdict, results, boot, total } => {
@@ -380,8 +394,16 @@ fn report(args: &VmArgs, outcome: Outcome, work: &Path) -> Result<ExitCode> {
                     format_size(results.len() as u64)
                 );
             }
-            if let channel::Verdict::InitFailed(why) = &verdict {
-                eprintln!("fraglab vm: the guest could not run the command: {why}");
+            match &verdict {
+                channel::Verdict::InitFailed(why) => {
+                    eprintln!("fraglab vm: the guest could not run the command: {why}")
+                }
+                channel::Verdict::TimedOut(at) => eprintln!(
+                    "fraglab vm: timed out: the command was still running at {at} s of guest uptime (--timeout {}); \
+                     killed, and what it had written is in --results",
+                    args.timeout
+                ),
+                _ => {}
             }
             match &args.results {
                 Some(dir) => {
@@ -412,7 +434,7 @@ fn report(args: &VmArgs, outcome: Outcome, work: &Path) -> Result<ExitCode> {
             if !qemu_stderr.trim().is_empty() {
                 eprintln!("fraglab vm: qemu said: {}", qemu_stderr.trim());
             }
-            eprintln!("fraglab vm: full console: {}", work.join("console.log").display());
+            cite();
             Ok(ExitCode::from(EXIT_UNSUPPORTED))
         }
         Outcome::TimedOut { console_tail, init_started } => {
@@ -422,7 +444,7 @@ fn report(args: &VmArgs, outcome: Outcome, work: &Path) -> Result<ExitCode> {
                 if init_started { "the command did not finish" } else { "the guest never reached init" }
             );
             tail(&console_tail);
-            eprintln!("fraglab vm: full console: {}", work.join("console.log").display());
+            cite();
             Ok(ExitCode::from(EXIT_UNSUPPORTED))
         }
         Outcome::NoHello { console_tail } => {
