@@ -232,6 +232,9 @@ impl Fragmenter {
             0
         };
         let kept = kept_pages(&pfns, &cut, plan.budget.is_some());
+        // One u64 per page taken: freed now so its pages do not become a free high-order block
+        // after the last check (measured in a 1 GiB guest).
+        drop(pfns);
 
         progress(Progress::Settling);
         let mut buddyinfo_now = settle()?;
