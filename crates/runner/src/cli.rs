@@ -38,6 +38,10 @@ pub enum Command {
     /// Read a saved dmesg / syslog / journal: allocation failures by order, mode and command, OOM
     /// kills, and each Mem-Info free-area line as a ready `fraglab fragment --profile` target.
     Scan(crate::commands::scan::ScanArgs),
+    /// One self-contained HTML report of a run (or several, A/B): buddyinfo heatmap with the phases,
+    /// free/available memory, compaction counters, throughput and latency against the sweep,
+    /// failures over time, slab caches that leak.
+    Report(crate::commands::report::ReportArgs),
     /// Set runs side by side: every workload metric at every sweep point against the first run
     /// (mean, stddev, % change, Welch's t-test, mmtests' significance), target vs achieved
     /// fragmentation, failed allocations, compaction counters. Exit 0, or 255 on an error.

@@ -6,6 +6,7 @@ pub mod commands;
 pub mod compare;
 pub mod config;
 pub mod pipeline;
+pub mod report;
 pub mod resolve;
 pub mod results;
 pub mod runplan;
@@ -56,6 +57,7 @@ pub fn main() -> ExitCode {
         cli::Command::Serve(args) => crate::workload::tcp::serve(args),
         cli::Command::Vm(args) => crate::vm::run(args),
         cli::Command::Scan(args) => commands::scan::run(args),
+        cli::Command::Report(args) => commands::report::run(args),
         cli::Command::Compare(args) => commands::compare::run(args),
     };
     match result {

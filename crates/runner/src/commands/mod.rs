@@ -3,6 +3,7 @@
 pub mod compare;
 pub mod fragment;
 pub mod probe;
+pub mod report;
 pub mod run;
 pub mod scan;
 pub mod workload;
