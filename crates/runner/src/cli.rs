@@ -116,6 +116,11 @@ pub struct FragmentArgs {
     /// MemAvailable never taken (default: max(3 × min_free_kbytes, MemTotal/64, 64MiB)).
     #[arg(long, value_name = "SIZE")]
     pub reserve: Option<String>,
+    /// Advanced: while holding, MemAvailable below this makes fraglab give memory back (default:
+    /// 2 × min_free_kbytes). At least that and below MemAvailable; raising it lets a test show the
+    /// guard acting without exhausting the machine.
+    #[arg(long, value_name = "SIZE")]
+    pub floor: Option<String>,
     /// Also set vm.compaction_proactiveness = 0 while holding.
     #[arg(long)]
     pub no_proactive_compaction: bool,

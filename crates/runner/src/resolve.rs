@@ -26,6 +26,9 @@ pub struct FragmentSpec {
     pub budget: Option<String>,
     pub pin: Option<String>,
     pub reserve: Option<String>,
+    /// Advanced: MemAvailable below this while holding makes fraglab give memory back (default
+    /// 2 × min_free_kbytes).
+    pub floor: Option<String>,
     #[serde(default)]
     pub no_proactive_compaction: bool,
 }
@@ -43,6 +46,7 @@ impl From<&FragmentArgs> for FragmentSpec {
                 PinArg::None => "none".into(),
             }),
             reserve: a.reserve.clone(),
+            floor: a.floor.clone(),
             no_proactive_compaction: a.no_proactive_compaction,
         }
     }
@@ -99,6 +103,23 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
             format_size(m.min_free)
         );
     }
+    let floor = match size("floor", &spec.floor)? {
+        None => m.min_free * 2,
+        Some(f) if f < m.min_free * 2 => bail!(
+            "{} = {}: below 2 × vm.min_free_kbytes ({}); the guard would act too late to keep the OOM \
+             killer away — give at least that",
+            key("floor"),
+            format_size(f),
+            format_size(m.min_free * 2)
+        ),
+        Some(f) if f >= m.mem_available => bail!(
+            "{} = {}: not below MemAvailable ({}); the guard would give everything back at once",
+            key("floor"),
+            format_size(f),
+            format_size(m.mem_available)
+        ),
+        Some(f) => f,
+    };
     let takeable = m.mem_available.saturating_sub(reserve);
     if let Some(b) = budget {
         if b < (1 << 20) {
@@ -170,7 +191,7 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         budget,
         pin,
         reserve,
-        floor: m.min_free * 2,
+        floor,
         no_proactive_compaction: spec.no_proactive_compaction,
         nr_orders: m.nr_orders,
     })
