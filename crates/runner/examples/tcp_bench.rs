@@ -24,6 +24,9 @@ struct Sample {
     mbit: f64,
     util: f64,
     sd: f64,
+    /// CPU seconds the tool's own processes/threads used per GB sent (getrusage): what the tool
+    /// costs, whatever share of the machine the scheduler gave it.
+    cpu_s_per_gb: f64,
 }
 
 fn arg(args: &[String], flag: &str, default: &str) -> String {
@@ -46,10 +49,15 @@ fn iperf3(threads: u64, msg: u64, secs: u64) -> Sample {
     let sent = &v["end"]["sum_sent"];
     let bytes = sent["bytes"].as_u64().unwrap_or_else(|| panic!("iperf3 failed: {v}"));
     let cpu = cpu0.until(&cpu1, bytes);
+    // Client and server process CPU (getrusage), as iperf3 reports it, over the test.
+    let pct = &v["end"]["cpu_utilization_percent"];
+    let busy = (pct["host_total"].as_f64().unwrap() + pct["remote_total"].as_f64().unwrap()) / 100.0;
+    let secs = sent["seconds"].as_f64().unwrap();
     Sample {
         mbit: sent["bits_per_second"].as_f64().unwrap() / 1e6,
         util: cpu.util_pct,
         sd: cpu.service_demand_us_per_kb.unwrap_or(f64::NAN),
+        cpu_s_per_gb: busy * secs / (bytes as f64 / 1e9),
     }
 }
 
@@ -68,6 +76,7 @@ fn fraglab(threads: u64, msg: u64, secs: u64) -> Sample {
         mbit: r.throughput_mbit.unwrap(),
         util: cpu.util_pct,
         sd: cpu.service_demand_us_per_kb.unwrap_or(f64::NAN),
+        cpu_s_per_gb: (r.rusage.user_s + r.rusage.sys_s) / (r.bytes as f64 / 1e9),
     }
 }
 
@@ -109,8 +118,11 @@ fn main() {
     let version = Command::new("iperf3").arg("--version").output().map(|o| o.stdout).unwrap_or_default();
     let version = String::from_utf8_lossy(&version).lines().next().unwrap_or("?").to_string();
     eprintln!("{version}; {reps} reps of {secs} s each");
-    println!("| threads | msg | iperf3 Mbit/s | fraglab Mbit/s | fraglab / iperf3 | iperf3 CPU %, µs/KB | fraglab CPU %, µs/KB |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| threads | msg | iperf3 Mbit/s | fraglab Mbit/s | fraglab / iperf3 | machine CPU %, µs/KB: iperf3 \
+         | fraglab | own CPU s/GB: iperf3 | fraglab |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &msg in &msgs {
         for &t in &threads {
             let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -124,19 +136,21 @@ fn main() {
                 }
                 let (x, y) = (a.last().unwrap(), b.last().unwrap());
                 eprintln!(
-                    "  T={t} msg={msg} rep {rep}: iperf3 {:.0} Mbit/s, fraglab {:.0} Mbit/s",
-                    x.mbit, y.mbit
+                    "  T={t} msg={msg} rep {rep}: iperf3 {:.0} Mbit/s {:.3} s/GB, fraglab {:.0} Mbit/s {:.3} s/GB",
+                    x.mbit, x.cpu_s_per_gb, y.mbit, y.cpu_s_per_gb
                 );
             }
             let m = |v: &[Sample], f: fn(&Sample) -> f64| median(v.iter().map(f).collect());
             let (ia, fa) = (m(&a, |s| s.mbit), m(&b, |s| s.mbit));
             println!(
-                "| {t} | {msg} | {ia:.0} | {fa:.0} | {:.2}× | {:.0}, {:.3} | {:.0}, {:.3} |",
+                "| {t} | {msg} | {ia:.0} | {fa:.0} | {:.2}× | {:.0}, {:.3} | {:.0}, {:.3} | {:.3} | {:.3} |",
                 fa / ia,
                 m(&a, |s| s.util),
                 m(&a, |s| s.sd),
                 m(&b, |s| s.util),
-                m(&b, |s| s.sd)
+                m(&b, |s| s.sd),
+                m(&a, |s| s.cpu_s_per_gb),
+                m(&b, |s| s.cpu_s_per_gb)
             );
         }
     }
