@@ -19,7 +19,7 @@
 //! (default /tmp/fraglab-bench), so they are restored on exit, on Ctrl-C, and — after a SIGKILL — by
 //! the next run of this benchmark. Prints markdown tables on stdout, progress on stderr.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -45,8 +45,8 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-const USAGE: &str = "usage: fragment_bench [--sizes 4GiB,8GiB] [--repeat 3] [--order 4] [--keep 4GiB] \
-                     [--run-dir /tmp/fraglab-bench] [--variants populate,fraglab,naive]";
+const USAGE: &str = "usage: fragment_bench [--sizes 4GiB,8GiB] [--repeat 3] [--order 4] [--keep 4GiB] [--max-take 8GiB] \
+                     [--run-dir /tmp/fraglab-bench] [--variants populate,fraglab,naive] [--no-warmup] [--compact] [--force]";
 
 struct Args {
     sizes: Vec<u64>,
@@ -54,8 +54,17 @@ struct Args {
     order: usize,
     /// MemAvailable that every variant leaves untouched.
     keep: u64,
+    /// The most memory any variant may take. fraglab's budget mode takes up to 4× its budget to find
+    /// whole aligned regions; this caps it through the reserve.
+    max_take: u64,
     run_dir: PathBuf,
     variants: Vec<Variant>,
+    /// Populate the largest size once, unmeasured, before anything is timed.
+    warmup: bool,
+    /// `echo 1 > /proc/sys/vm/compact_memory` before each variant (untimed).
+    compact: bool,
+    /// Run even though the fragmenter sysctls are not at their kernel defaults.
+    force: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,14 +105,33 @@ fn parse_args() -> Result<Args> {
         repeat: 3,
         order: 4,
         keep: 4 << 30,
+        max_take: 8 << 30,
         run_dir: PathBuf::from("/tmp/fraglab-bench"),
         variants: vec![Variant::Populate, Variant::Fraglab, Variant::Naive],
+        warmup: true,
+        compact: false,
+        force: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--help" || flag == "-h" {
-            println!("{USAGE}");
-            std::process::exit(0);
+        match flag.as_str() {
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            "--no-warmup" => {
+                a.warmup = false;
+                continue;
+            }
+            "--compact" => {
+                a.compact = true;
+                continue;
+            }
+            "--force" => {
+                a.force = true;
+                continue;
+            }
+            _ => {}
         }
         let value = it.next().with_context(|| format!("{flag} needs a value\n{USAGE}"))?;
         match flag.as_str() {
@@ -111,6 +139,7 @@ fn parse_args() -> Result<Args> {
             "--repeat" => a.repeat = value.parse().context("--repeat")?,
             "--order" => a.order = value.parse().context("--order")?,
             "--keep" => a.keep = parse_size(&value)?,
+            "--max-take" => a.max_take = parse_size(&value)?,
             "--run-dir" => a.run_dir = value.into(),
             "--variants" => {
                 a.variants = value
@@ -126,8 +155,8 @@ fn parse_args() -> Result<Args> {
             _ => bail!("unknown flag {flag:?}\n{USAGE}"),
         }
     }
-    if a.repeat == 0 || a.sizes.is_empty() || a.sizes.iter().any(|&s| s < (16 << 20)) {
-        bail!("--repeat must be ≥ 1 and every size ≥ 16MiB\n{USAGE}");
+    if a.repeat == 0 || a.sizes.is_empty() || a.sizes.iter().any(|&s| s < (16 << 20) || s > a.max_take) {
+        bail!("--repeat must be ≥ 1 and every size within 16MiB ..= --max-take\n{USAGE}");
     }
     Ok(a)
 }
@@ -137,6 +166,8 @@ struct Run {
     variant: Variant,
     size: u64,
     taken: u64,
+    /// fraglab: taken only to find whole regions, given back after the cut.
+    surplus: u64,
     freed: u64,
     /// Time to target: populate + shape + settle.
     total: Duration,
@@ -154,6 +185,9 @@ struct Run {
     missing_bytes: u64,
     /// naive: free blocks the freed pages form among themselves, from their PFNs.
     model: Vec<u64>,
+    /// Pages in the per-CPU free lists (invisible to buddyinfo) right after populating / shaping.
+    pcp_populated: u64,
+    pcp_after: u64,
 }
 
 impl Run {
@@ -162,6 +196,7 @@ impl Run {
             variant,
             size,
             taken: 0,
+            surplus: 0,
             freed: 0,
             total: Duration::ZERO,
             populate: Duration::ZERO,
@@ -176,6 +211,8 @@ impl Run {
             intact: Vec::new(),
             missing_bytes: 0,
             model: Vec::new(),
+            pcp_populated: 0,
+            pcp_after: 0,
         }
     }
 
@@ -212,6 +249,58 @@ fn settle() -> Result<Vec<u64>> {
         }
         last = now;
     }
+}
+
+/// Free pages parked in the per-CPU lists of every zone (`count:` under `pagesets` in zoneinfo).
+fn pcp_pages() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/zoneinfo").context("cannot read /proc/zoneinfo")?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("count:"))
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .sum())
+}
+
+/// Between variants: empty the per-CPU lists and let buddyinfo settle, so every variant starts alike.
+/// Left alone, the lists keep hundreds of MiB of the previous variant's freed pages (their `high` is
+/// autotuned up while a process frees a lot, and decays slowly), which the next populate would take
+/// first. They are drained the way fraglab does it — a huge `vm.percpu_pagelist_high_fraction`
+/// shrinks `high` and the vmstat worker trims the lists within a second or two — and the sysctl is
+/// put back at once through the journal.
+fn quiesce(run_dir: &Path) -> Result<()> {
+    let mut journal = Journal::create(run_dir)?;
+    journal.set("vm.percpu_pagelist_high_fraction", "100000")?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pcp_pages()? > 2048 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    journal.restore()?;
+    settle()?;
+    Ok(())
+}
+
+fn watched() -> Result<Vec<String>> {
+    WATCHED.iter().map(|s| sysctl::read(s)).collect()
+}
+
+/// The sysctls are machine-wide and every fragmenter journals what it finds: two at once record
+/// each other's values as originals, and whichever restores last leaves them changed. Before each
+/// variant, wait (up to 15 min) until the watched sysctls have been back at the values found at the
+/// start for 3 s: another fragmenter — a fraglab test in its own run dir — is then done.
+fn wait_for_others(found: &[String]) -> Result<Duration> {
+    let t = Instant::now();
+    if watched()? == found {
+        return Ok(Duration::ZERO);
+    }
+    let mut clear = 0;
+    while clear < 3 && !STOP.load(Ordering::Relaxed) {
+        if t.elapsed() > Duration::from_secs(900) {
+            bail!("another fragmenter has held the sysctls for 15 min: {WATCHED:?} = {:?}", watched()?);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        clear = if watched()? == found { clear + 1 } else { 0 };
+    }
+    Ok(t.elapsed())
 }
 
 fn check_room(size: u64, keep: u64) -> Result<()> {
@@ -254,6 +343,8 @@ fn populate_only(size: u64, keep: u64) -> Result<Run> {
     run.taken = arena.bytes();
     run.populated = buddy()?;
     run.after = run.populated.clone();
+    run.pcp_populated = pcp_pages()?;
+    run.pcp_after = run.pcp_populated;
     let t = Instant::now();
     drop(arena);
     run.release = t.elapsed();
@@ -268,12 +359,16 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize) -> Result<Run> {
         target: Target::MaxFreeOrder { order: args.order, free_bytes },
         budget: Some(size),
         pin: Pin::Mlock,
-        reserve: args.keep,
+        // Whatever fraglab may take beyond the budget stays within --max-take: the reserve it never
+        // goes below is set so that MemAvailable − reserve is the cap (as of now).
+        reserve: args.keep.max(mem_available()?.saturating_sub(args.max_take.min(4 * size).max(size))),
         floor: 2 * min_free,
         no_proactive_compaction: false,
         nr_orders,
     };
     let mut run = Run::new(Variant::Fraglab, size, buddy()?);
+    // fraglab has shrunk the per-CPU lists by the time it has populated; this is the count before.
+    run.pcp_populated = pcp_pages()?;
     let journal = Journal::create(&args.run_dir)?;
     let (mut cutting, mut freeing, mut settling) = (None, None, None);
     let t0 = Instant::now();
@@ -295,13 +390,15 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize) -> Result<Run> {
     run.free = Some(settling - freeing);
     run.settle = Some(end - settling);
     let s = f.status();
-    run.taken = s.held_bytes + s.freed_bytes;
+    run.taken = s.held_bytes + s.freed_bytes + s.surplus_bytes;
+    run.surplus = s.surplus_bytes;
     run.freed = s.freed_bytes;
     run.populated = totals(&s.buddyinfo_populated);
     run.after = totals(&s.buddyinfo_now);
     run.planned = s.planned.clone();
     run.intact = s.intact.clone();
     run.missing_bytes = s.missing_bytes;
+    run.pcp_after = pcp_pages()?;
     let t = Instant::now();
     f.release()?;
     run.release = t.elapsed();
@@ -347,6 +444,7 @@ fn naive(size: u64, keep: u64, nr_orders: usize) -> Result<Run> {
     run.model = shape::buddy_blocks(&freed_pfns, nr_orders);
     drop(freed_pfns);
     run.populated = buddy()?;
+    run.pcp_populated = pcp_pages()?;
 
     let t = Instant::now();
     let mut freed = 0u64;
@@ -365,6 +463,7 @@ fn naive(size: u64, keep: u64, nr_orders: usize) -> Result<Run> {
     run.after = settle()?;
     let end = Instant::now();
     run.settle = Some(end - freed_at);
+    run.pcp_after = pcp_pages()?;
     run.total = end - t0;
     run.freed = freed;
     let t = Instant::now();
@@ -438,10 +537,11 @@ fn report(runs: &[Run], args: &Args, nr_orders: usize) {
     );
     let orders: Vec<String> = (0..nr_orders).map(|o| format!("Δ o{o}")).collect();
     println!(
-        "\n| size | variant | taken | freed | largest order grown | free pages ≥ o{k} Δ | {} |",
+        "\n| size | variant | taken | freed | largest order grown | free pages ≥ o{k} Δ | per-CPU lists \
+         (pages, before → after) | {} |",
         orders.join(" | ")
     );
-    println!("|---|---|---|---|---|---|{}", "---|".repeat(nr_orders));
+    println!("|---|---|---|---|---|---|---|{}", "---|".repeat(nr_orders));
     for &size in &args.sizes {
         for &v in &args.variants {
             let Some(r) = runs.iter().rev().find(|r| r.size == size && r.variant == v) else { continue };
@@ -454,11 +554,12 @@ fn report(runs: &[Run], args: &Args, nr_orders: usize) {
                     .map(|(&p, &b)| format!("{:+}", p as i64 - b as i64))
                     .collect();
                 println!(
-                    "| {} | {} (Δ = populated − before) | {} | — | — | {:+} | {} |",
+                    "| {} | {} (Δ = populated − before) | {} | — | — | {:+} | {} | {} |",
                     gib(size),
                     v.name(),
                     gib(r.taken),
                     pages_at_or_above(&r.populated, k) as i64 - pages_at_or_above(&r.before, k) as i64,
+                    r.pcp_after,
                     lost.join(" | ")
                 );
                 continue;
@@ -466,13 +567,19 @@ fn report(runs: &[Run], args: &Args, nr_orders: usize) {
             let d = r.delta();
             let grown = d.iter().rposition(|&n| n > 0).map_or("none".into(), |o| o.to_string());
             println!(
-                "| {} | {} | {} | {} | {} | {:+} | {} |",
+                "| {} | {} | {} | {} | {} | {:+} | {} → {} | {} |",
                 gib(size),
                 v.name(),
-                gib(r.taken),
+                if r.surplus > 0 {
+                    format!("{} ({} surplus given back)", gib(r.taken), gib(r.surplus))
+                } else {
+                    gib(r.taken)
+                },
                 mib(r.freed),
                 grown,
                 pages_at_or_above(&r.after, k) as i64 - pages_at_or_above(&r.populated, k) as i64,
+                r.pcp_populated,
+                r.pcp_after,
                 d.iter().map(|n| format!("{n:+}")).collect::<Vec<_>>().join(" | ")
             );
         }
@@ -538,14 +645,18 @@ fn main() -> Result<()> {
     for r in restored {
         eprintln!("fragment_bench: restored {r} left by a run that died");
     }
-    let found: Vec<String> = WATCHED.iter().map(|s| sysctl::read(s)).collect::<Result<_>>()?;
-    if found[0] != "1" || found[1] != "0" {
-        eprintln!(
-            "fragment_bench: warning: {} = {}, {} = {} (not the kernel defaults): is another fragmenter \
-             running? Its changes will confound these figures.",
-            WATCHED[0], found[0], WATCHED[1], found[1]
-        );
+    // Start only while no other fragmenter holds: every fragmenter sets the per-CPU fraction, and
+    // with mlock the unevictable switch; their kernel defaults are 0 and 1.
+    if !args.force {
+        let mut defaults = watched()?;
+        defaults[0] = "1".into();
+        defaults[1] = "0".into();
+        let w = wait_for_others(&defaults)?;
+        if w > Duration::ZERO {
+            eprintln!("fragment_bench: waited {} s for another fragmenter to finish", w.as_secs());
+        }
     }
+    let found = watched()?;
     // As fraglab itself: if the OOM killer must choose, it should choose us.
     std::fs::write("/proc/self/oom_score_adj", "1000")?;
     let nr_orders = BuddyInfo::read()?.nr_orders();
@@ -562,7 +673,23 @@ fn main() -> Result<()> {
         args.repeat
     );
 
+    if args.warmup {
+        // The first touch of memory can cost far more than later ones (a kernel that initialises
+        // struct pages lazily, a hypervisor backing guest memory on demand): pay it untimed.
+        let largest = *args.sizes.iter().max().expect("sizes checked non-empty");
+        check_room(largest, args.keep)?;
+        let w = populate_only(largest, args.keep)?;
+        println!("warm-up: populated {} once, untimed in the tables: {} s", gib(largest), secs(w.populate));
+        quiesce(&args.run_dir)?;
+    }
+
+    println!(
+        "free blocks per order at the start (all zones): {}",
+        buddy()?.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ")
+    );
     let mut runs = Vec::new();
+    let mut overlapped = Vec::new();
+    let mut waited = Duration::ZERO;
     'all: for &size in &args.sizes {
         for rep in 0..args.repeat {
             for &v in &args.variants {
@@ -570,23 +697,45 @@ fn main() -> Result<()> {
                     eprintln!("fragment_bench: interrupted; restoring and reporting what ran");
                     break 'all;
                 }
+                waited += wait_for_others(&found)?;
                 check_room(size, args.keep)?;
+                if args.compact {
+                    std::fs::write("/proc/sys/vm/compact_memory", "1").context("vm.compact_memory")?;
+                    settle()?;
+                }
                 eprint!("{} {} run {}/{} … ", gib(size), v.name(), rep + 1, args.repeat);
                 let run = match v {
                     Variant::Populate => populate_only(size, args.keep)?,
                     Variant::Fraglab => fraglab(size, &args, nr_orders)?,
                     Variant::Naive => naive(size, args.keep, nr_orders)?,
                 };
-                eprintln!("{} s", secs(run.total));
+                let clean = watched()? == found;
+                eprintln!(
+                    "{} s{}",
+                    secs(run.total),
+                    if clean { "" } else { " (another fragmenter overlapped)" }
+                );
+                if !clean {
+                    overlapped.push(format!("{} {} run {}", gib(size), v.name(), rep + 1));
+                }
                 runs.push(run);
-                // Let the released memory merge back before the next variant takes it.
-                settle()?;
+                quiesce(&args.run_dir)?;
             }
         }
     }
 
     report(&runs, &args, nr_orders);
-    let now: Vec<String> = WATCHED.iter().map(|s| sysctl::read(s)).collect::<Result<_>>()?;
+    println!(
+        "\nWaited {} s in all for other fragmenters to finish before variants; runs another fragmenter \
+         overlapped: {}",
+        waited.as_secs(),
+        if overlapped.is_empty() { "none".to_string() } else { overlapped.join(", ") }
+    );
+    if watched()? != found {
+        eprintln!("fragment_bench: the sysctls are not back yet; waiting for the other fragmenter to finish");
+        let _ = wait_for_others(&found);
+    }
+    let now = watched()?;
     println!();
     for ((name, was), is) in WATCHED.iter().zip(&found).zip(&now) {
         println!("after the run: {name} = {is} (found {was}){}", if was == is { "" } else { "  ← CHANGED" });
