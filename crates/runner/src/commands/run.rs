@@ -28,6 +28,14 @@ pub fn run(args: RunArgs, run_dir: &Path) -> Result<ExitCode> {
 }
 
 fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<ExitCode> {
+    // Without root there are no PFNs in pagemap, no mlock budget, no sysctls, no tracefs: the run
+    // cannot test anything, which bisect must count as "skip", not as an error.
+    if !nix::unistd::geteuid().is_root() && !args.dry_run {
+        eprintln!(
+            "fraglab: fraglab run needs root (pagemap PFNs, mlock, sysctls, tracefs); could not test: run it with sudo"
+        );
+        return Ok(ExitCode::from(crate::EXIT_UNSUPPORTED));
+    }
     // Parse, then resolve: a bad config is refused here, before any memory or sysctl is touched.
     let src = Source::read(&args.config)?;
     let cfg = src.parse()?;
