@@ -15,9 +15,15 @@
 //!   page (munmap per page would split the mapping into one VMA per page and stop at
 //!   vm.max_map_count), then the same settle wait as fraglab.
 //!
+//! Between variants the per-CPU free lists are drained and buddyinfo settles, so each starts alike.
+//! Budget mode may take up to 4× the budget to find whole aligned regions; `--max-take` (default
+//! 8 GiB) caps every variant, and `--keep` (default 4 GiB) is MemAvailable never taken.
+//!
 //! Needs root (pagemap PFNs, mlock, sysctls). Sysctls go through a journal in a private run dir
 //! (default /tmp/fraglab-bench), so they are restored on exit, on Ctrl-C, and — after a SIGKILL — by
-//! the next run of this benchmark. Prints markdown tables on stdout, progress on stderr.
+//! the next run of this benchmark. The sysctls are machine-wide: before each variant it waits until
+//! no other fragmenter (a fraglab test in its own run dir) holds them, and reports runs one overlapped.
+//! Prints markdown tables on stdout, progress on stderr. Results: docs/benchmarks.md.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
