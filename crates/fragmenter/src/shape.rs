@@ -69,9 +69,10 @@ impl Regions {
             }
             i = j;
         }
-        // Taking from the end of each list keeps low PFNs (DMA32) for last.
+        // Ascending, so pop() takes the highest PFNs first: Normal before DMA32, which 32-bit DMA
+        // devices need.
         for list in &mut by_order {
-            list.sort_unstable_by(|a, b| b.cmp(a));
+            list.sort_unstable();
         }
         Regions { by_order, touched: Vec::new(), inside: HashSet::new() }
     }
