@@ -1,21 +1,13 @@
 //! slabinfo on the real capture, the live system (root) and fuzzed input.
 
+mod common;
+use common::assert_names_line;
 use fraglab_probe::slabinfo::{self, SlabCache, SlabInfo};
 use fraglab_probe::Error;
 use proptest::prelude::*;
 
 const SLABINFO: &str = include_str!("captures/host-6.18/slabinfo");
 const SLABINFO_PATH: &str = "tests/captures/host-6.18/slabinfo";
-
-/// Every parse error must name `path` and a 1-based line that exists in `text`, quoting it.
-fn assert_names_line(err: &Error, path: &str, text: &str) {
-    let Error::Parse { path: p, line, text: quoted, .. } = err else { panic!("not a parse error: {err}") };
-    assert_eq!(p.to_str(), Some(path), "{err}");
-    let lines: Vec<&str> = text.lines().collect();
-    assert!(*line >= 1 && *line <= lines.len().max(1), "line {line} outside 1..={}: {err}", lines.len());
-    let expected: String = lines.get(line - 1).copied().unwrap_or("").chars().take(160).collect();
-    assert_eq!(*quoted, expected, "{err}");
-}
 
 fn cache(name: &str, v: [u64; 7]) -> SlabCache {
     SlabCache {

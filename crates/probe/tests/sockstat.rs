@@ -1,5 +1,7 @@
 //! sockstat, sockstat6 and protocols on the real captures, the live system and fuzzed input.
 
+mod common;
+use common::{assert_names_line, mutated};
 use std::net::{TcpListener, TcpStream};
 
 use fraglab_probe::sockstat::{Protocols, SockStat, SockStatFile};
@@ -9,16 +11,6 @@ use proptest::prelude::*;
 const SOCKSTAT: &str = include_str!("captures/host-6.18/sockstat");
 const SOCKSTAT6: &str = include_str!("captures/host-6.18/sockstat6");
 const PROTOCOLS: &str = include_str!("captures/host-6.18/protocols");
-
-/// Every parse error must name `path` and a 1-based line that exists in `text`, quoting it.
-fn assert_names_line(err: &Error, path: &str, text: &str) {
-    let Error::Parse { path: p, line, text: quoted, .. } = err else { panic!("not a parse error: {err}") };
-    assert_eq!(p.to_str(), Some(path), "{err}");
-    let lines: Vec<&str> = text.lines().collect();
-    assert!(*line >= 1 && *line <= lines.len().max(1), "line {line} outside 1..={}: {err}", lines.len());
-    let expected: String = lines.get(line - 1).copied().unwrap_or("").chars().take(160).collect();
-    assert_eq!(*quoted, expected, "{err}");
-}
 
 #[test]
 fn capture_sockstat() {
@@ -186,32 +178,6 @@ fn live_sockstat_sees_our_tcp_sockets() {
         last = format!("TCP inuse {inuse0} -> {inuse1}, protocols TCP sockets {proto0:?} -> {proto1:?}");
     }
     panic!("never saw our 3 TCP sockets: {last}");
-}
-
-/// Up to 8 line- and character-level edits of `base`.
-fn mutated(base: &'static str) -> impl Strategy<Value = String> {
-    let edit = (any::<prop::sample::Index>(), any::<prop::sample::Index>(), 0u8..7, any::<char>());
-    prop::collection::vec(edit, 1..8).prop_map(move |edits| {
-        let mut lines: Vec<Vec<char>> = base.lines().map(|l| l.chars().collect()).collect();
-        for (li, ci, kind, ch) in edits {
-            if lines.is_empty() {
-                lines.push(Vec::new());
-            }
-            let l = li.index(lines.len());
-            let c = ci.index(lines[l].len() + 1);
-            match kind {
-                0 => drop(lines.remove(l)),
-                1 => lines.insert(l, lines[l].clone()),
-                2 => lines[l].insert(c, ch),
-                3 if c < lines[l].len() => lines[l][c] = ch,
-                4 if c < lines[l].len() => drop(lines[l].remove(c)),
-                5 => lines[l].splice(c..c, "99999999999999999999".chars()).for_each(drop),
-                6 => lines[l].splice(c..c, " -1 ".chars()).for_each(drop),
-                _ => {}
-            }
-        }
-        lines.iter().map(|l| l.iter().collect::<String>()).collect::<Vec<_>>().join("\n")
-    })
 }
 
 proptest! {

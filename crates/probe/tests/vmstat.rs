@@ -1,21 +1,13 @@
 //! vmstat counters on the real capture, the live system and fuzzed input.
 
+mod common;
+use common::{assert_names_line, mutated};
 use fraglab_probe::vmstat::{self, VmCounters};
 use fraglab_probe::Error;
 use proptest::prelude::*;
 
 const VMSTAT: &str = include_str!("captures/host-6.18/vmstat");
 const VMSTAT_PATH: &str = "tests/captures/host-6.18/vmstat";
-
-/// Every parse error must name `path` and a 1-based line that exists in `text`, quoting it.
-fn assert_names_line(err: &Error, path: &str, text: &str) {
-    let Error::Parse { path: p, line, text: quoted, .. } = err else { panic!("not a parse error: {err}") };
-    assert_eq!(p.to_str(), Some(path), "{err}");
-    let lines: Vec<&str> = text.lines().collect();
-    assert!(*line >= 1 && *line <= lines.len().max(1), "line {line} outside 1..={}: {err}", lines.len());
-    let expected: String = lines.get(line - 1).copied().unwrap_or("").chars().take(160).collect();
-    assert_eq!(*quoted, expected, "{err}");
-}
 
 #[test]
 fn capture_counters() {
@@ -139,32 +131,6 @@ fn live_counters_are_monotonic() {
     // The live kernel is the one the capture came from: same tracked names.
     let capture = VmCounters::parse(VMSTAT, VMSTAT_PATH).unwrap();
     assert_eq!(first.values.keys().collect::<Vec<_>>(), capture.values.keys().collect::<Vec<_>>());
-}
-
-/// Up to 8 line- and character-level edits of `base`.
-fn mutated(base: &'static str) -> impl Strategy<Value = String> {
-    let edit = (any::<prop::sample::Index>(), any::<prop::sample::Index>(), 0u8..7, any::<char>());
-    prop::collection::vec(edit, 1..8).prop_map(move |edits| {
-        let mut lines: Vec<Vec<char>> = base.lines().map(|l| l.chars().collect()).collect();
-        for (li, ci, kind, ch) in edits {
-            if lines.is_empty() {
-                lines.push(Vec::new());
-            }
-            let l = li.index(lines.len());
-            let c = ci.index(lines[l].len() + 1);
-            match kind {
-                0 => drop(lines.remove(l)),
-                1 => lines.insert(l, lines[l].clone()),
-                2 => lines[l].insert(c, ch),
-                3 if c < lines[l].len() => lines[l][c] = ch,
-                4 if c < lines[l].len() => drop(lines[l].remove(c)),
-                5 => lines[l].splice(c..c, "99999999999999999999".chars()).for_each(drop),
-                6 => lines[l].splice(c..c, " -1 ".chars()).for_each(drop),
-                _ => {}
-            }
-        }
-        lines.iter().map(|l| l.iter().collect::<String>()).collect::<Vec<_>>().join("\n")
-    })
 }
 
 proptest! {
