@@ -16,8 +16,11 @@
 //!
 //! Everything lives in an instance of our own (`instances/fraglab-<pid>`): the global buffer,
 //! `tracing_on` and `current_tracer` that someone else may be using are never touched. The instance
-//! is removed on [`Catcher::stop`], on drop and on every error path; tracefs is mounted if it was
-//! not, and unmounted again only by the process that mounted it.
+//! is removed on [`Catcher::stop`], on drop and on every error path. tracefs is mounted if it was
+//! not, and unmounted again by the last fraglab process that uses it — a machine-wide rule (flocks
+//! and a marker in /run/fraglab, see [`MOUNT_LOCK`]), so concurrent `fraglab` processes neither
+//! unmount it under each other nor leave it mounted; a tracefs fraglab did not mount is never
+//! unmounted.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -671,7 +674,8 @@ pub struct Stopped {
     pub extfrag: ExtfragCounts,
     pub lost: u64,
     pub unparsed: Vec<String>,
-    /// This catcher mounted tracefs and unmounted it again.
+    /// This stop unmounted tracefs: fraglab had mounted it (this process or another) and this was
+    /// the last fraglab process using it.
     pub unmounted: bool,
 }
 
@@ -808,7 +812,8 @@ impl Catcher {
         &self.instance.as_ref().expect("instance lives until stop").dir
     }
 
-    /// This catcher's process mounted tracefs (and will unmount it).
+    /// fraglab mounted the tracefs this catcher uses (this process or another fraglab, as the marker
+    /// [`MOUNT_MARKER`] says): the last fraglab process to stop its catchers unmounts it.
     pub fn mounted_tracefs(&self) -> bool {
         self.mount.as_ref().is_some_and(|m| m.ours())
     }
@@ -827,7 +832,8 @@ impl Catcher {
         self.shared.lock().unwrap_or_else(|p| p.into_inner()).parser.extfrag.clone()
     }
 
-    /// Disable the events, read what is left, remove the instance, unmount tracefs if we mounted it.
+    /// Disable the events, read what is left, remove the instance; if this was the last fraglab
+    /// process using tracefs and fraglab mounted it, unmount it.
     pub fn stop(mut self) -> Result<Stopped> {
         self.shutdown()
     }
@@ -973,16 +979,51 @@ fn with_error_log(e: Error, dir: &Path) -> Error {
     }
 }
 
+// ---- The machine-wide mount rule ----
+//
+// Several fraglab processes (a `fraglab run`, a `fraglab workload trigger`, a test binary) may use
+// catchers at the same time, so "who mounted tracefs, and who unmounts it" is decided machine-wide,
+// with two flocks and a marker file in /run/fraglab:
+//
+// - every process with a catcher holds `tracefs.users` LOCK_SH (one lock per process, taken by its
+//   first catcher and let go by its last: [`MountState`] counts the catchers inside the process);
+// - `tracefs.lock` is held LOCK_EX around every decision: joining (take `tracefs.users` shared,
+//   mount tracefs if it is nowhere, write the marker) and leaving (try `tracefs.users` exclusively,
+//   without waiting: getting it means no other fraglab process uses tracefs, so this one is the last
+//   and unmounts what the marker says fraglab mounted);
+// - `tracefs.mounted` (the marker) says that fraglab mounted tracefs: the mount point, its mount id
+//   in mountinfo and the mount namespace. A tracefs the marker does not describe (the user's, another
+//   tool's, systemd's) is never unmounted.
+//
+// The kernel drops a flock when its process dies, so a SIGKILLed fraglab never blocks the others,
+// and its leftovers (the mount, its instance) are cleaned by whoever is the last user next. Every
+// change to `tracefs.users`' lock state happens under `tracefs.lock`, so the shared→exclusive
+// conversion (not atomic in flock) cannot race with another process's.
+
+/// The directory of fraglab's machine-wide tracefs lock and marker (the fragmenter's run directory;
+/// fixed, not `--run-dir`, so every fraglab on the machine sees the same files).
+pub const LOCK_DIR: &str = "/run/fraglab";
+/// Held LOCK_EX while a process joins or leaves the tracefs users (and mounts or unmounts).
+pub const MOUNT_LOCK: &str = "/run/fraglab/tracefs.lock";
+/// Held LOCK_SH by every process that has a catcher running.
+pub const USERS_LOCK: &str = "/run/fraglab/tracefs.users";
+/// Present while a tracefs that fraglab mounted is (or may be) mounted: `key=value` lines.
+pub const MOUNT_MARKER: &str = "/run/fraglab/tracefs.mounted";
+
 /// The tracefs mount this process uses; shared by every catcher in it.
 struct MountGuard {
     root: PathBuf,
     released: bool,
 }
 
+/// This process's share of tracefs: how many of its catchers use it, and its `tracefs.users` lock.
 struct MountState {
     users: usize,
     root: PathBuf,
-    ours: bool,
+    /// The marker described this mount when the process joined: fraglab mounted it.
+    fraglab_mounted: bool,
+    /// `tracefs.users`, flocked LOCK_SH.
+    users_lock: File,
 }
 
 static MOUNT: Mutex<Option<MountState>> = Mutex::new(None);
@@ -994,28 +1035,25 @@ impl MountGuard {
             s.users += 1;
             return Ok(MountGuard { root: s.root.clone(), released: false });
         }
-        let (root, ours) = match find_tracefs()? {
-            Some(root) => (root, false),
-            None => {
-                mount_tracefs(Path::new(DEFAULT_ROOT))?;
-                (PathBuf::from(DEFAULT_ROOT), true)
-            }
-        };
-        *state = Some(MountState { users: 1, root: root.clone(), ours });
+        let (root, fraglab_mounted, users_lock) = join_users()?;
+        *state = Some(MountState { users: 1, root: root.clone(), fraglab_mounted, users_lock });
         Ok(MountGuard { root, released: false })
     }
 
     fn ours(&self) -> bool {
-        MOUNT.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|s| s.ours)
+        MOUNT.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|s| s.fraglab_mounted)
     }
 
-    /// Drop this user; the last one unmounts tracefs if this process mounted it. `Ok(true)` when
-    /// it was unmounted here.
+    /// Drop this user; the process's last one leaves the machine's tracefs users, and if it was the
+    /// last fraglab process using tracefs, unmounts it when fraglab mounted it. `Ok(true)` when it
+    /// was unmounted here.
     fn release(&mut self) -> Result<bool> {
         if self.released {
             return Ok(false);
         }
         self.released = true;
+        // Held until the process has left, so a catcher starting meanwhile in another thread joins
+        // afresh (and sees the unmount).
         let mut state = MOUNT.lock().unwrap_or_else(|p| p.into_inner());
         let Some(s) = state.as_mut() else { return Ok(false) };
         s.users -= 1;
@@ -1023,16 +1061,7 @@ impl MountGuard {
             return Ok(false);
         }
         let s = state.take().expect("checked above");
-        if !s.ours {
-            return Ok(false);
-        }
-        let c =
-            std::ffi::CString::new(s.root.as_os_str().as_encoded_bytes()).expect("no NUL in a mount point");
-        if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
-            // EBUSY: another process is using the tracefs we mounted; leave it to them.
-            return Err(Error::Io { path: s.root, source: std::io::Error::last_os_error() });
-        }
-        Ok(true)
+        leave_users(s.users_lock, &s.root)
     }
 }
 
@@ -1042,22 +1071,250 @@ impl Drop for MountGuard {
     }
 }
 
-/// Where tracefs is mounted, preferring /sys/kernel/tracing; `None` if nowhere.
-fn find_tracefs() -> Result<Option<PathBuf>> {
+fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.into();
+    move |source| Error::Io { path, source }
+}
+
+/// Open (creating /run/fraglab and the file if needed) one of the lock files.
+fn open_lock(path: &str) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(LOCK_DIR).map_err(io_err(LOCK_DIR))?;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .open(path)
+        .map_err(io_err(path))
+}
+
+/// `flock(2)`, retried on EINTR; `Ok(false)` when a `LOCK_NB` request found the lock held.
+fn flock(file: &File, path: &str, op: libc::c_int) -> Result<bool> {
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) if op & libc::LOCK_NB != 0 => return Ok(false),
+            _ => return Err(Error::Io { path: path.into(), source: e }),
+        }
+    }
+}
+
+/// Join the machine's tracefs users: under `tracefs.lock`, take `tracefs.users` shared, mount
+/// tracefs (and write the marker) if it is mounted nowhere. If no other fraglab process is using
+/// tracefs, every `fraglab-*` instance is a dead process's and is removed. Returns the tracefs root,
+/// whether fraglab mounted it, and the held users lock.
+fn join_users() -> Result<(PathBuf, bool, File)> {
+    let gate = open_lock(MOUNT_LOCK)?;
+    flock(&gate, MOUNT_LOCK, libc::LOCK_EX)?;
+    let users = open_lock(USERS_LOCK)?;
+    // Nobody holds it exclusively outside `tracefs.lock`, so neither of these waits.
+    let alone = flock(&users, USERS_LOCK, libc::LOCK_EX | libc::LOCK_NB)?;
+    flock(&users, USERS_LOCK, libc::LOCK_SH)?;
+    let ns = mount_ns();
+    let marker = Marker::read();
+    let (root, fraglab_mounted) = match find_tracefs()? {
+        Some(m) => {
+            let ours = marker.as_ref().is_some_and(|k| k.describes(&m, &ns));
+            if !ours && marker.as_ref().is_some_and(|k| k.mnt_ns == ns && !k.mounted(&ns)) {
+                // It names a mount of this namespace that is gone or was replaced: stale.
+                remove_marker();
+            }
+            (m.path, ours)
+        }
+        None => {
+            let at = Path::new(DEFAULT_ROOT);
+            mount_tracefs(at)?;
+            let written = find_tracefs().and_then(|m| {
+                let m = m.filter(|m| m.path == at).ok_or_else(|| {
+                    io_err(at)(std::io::Error::other("mounted tracefs here but mountinfo does not show it"))
+                })?;
+                Marker { mountpoint: m.path, mnt_id: m.id, mnt_ns: ns, pid: std::process::id() }.write()
+            });
+            if let Err(e) = written {
+                let _ = unmount(at);
+                return Err(e);
+            }
+            (at.to_path_buf(), true)
+        }
+    };
+    if alone {
+        remove_stale_instances(&root.join("instances"), true);
+    }
+    drop(gate);
+    Ok((root, fraglab_mounted, users))
+}
+
+/// Leave the machine's tracefs users (this process's last catcher has stopped). Under
+/// `tracefs.lock`, try `tracefs.users` exclusively without waiting: if another fraglab process
+/// holds it shared, it is still using tracefs and will clean up. Otherwise this is the last user:
+/// instances dead fraglabs left are removed, and the tracefs the marker describes is unmounted.
+/// `Ok(true)` when it was unmounted here. If something else keeps it busy (EBUSY: an open trace
+/// file), it stays mounted and the marker stays, for the next last user to retry.
+fn leave_users(users: File, root: &Path) -> Result<bool> {
+    let gate = open_lock(MOUNT_LOCK)?;
+    flock(&gate, MOUNT_LOCK, libc::LOCK_EX)?;
+    let last = flock(&users, USERS_LOCK, libc::LOCK_EX | libc::LOCK_NB)?;
+    let out = if last { clean_up_as_last_user(root) } else { Ok(false) };
+    // Unlock before the gate goes, so whoever takes the gate next finds the users lock as it is.
+    drop(users);
+    drop(gate);
+    out
+}
+
+fn clean_up_as_last_user(root: &Path) -> Result<bool> {
+    remove_stale_instances(&root.join("instances"), true);
+    let Some(marker) = Marker::read() else {
+        if Path::new(MOUNT_MARKER).exists() {
+            remove_marker(); // unreadable: it can never justify an unmount
+        }
+        return Ok(false);
+    };
+    let ns = mount_ns();
+    let target = tracefs_mounts()?.into_iter().rev().find(|m| marker.describes(m, &ns));
+    let Some(target) = target else {
+        // Unmounted by someone else, replaced, or in another mount namespace (whose fraglab, not
+        // holding the users lock, is gone): nothing here is fraglab's to unmount.
+        remove_marker();
+        return Ok(false);
+    };
+    if target.path != root {
+        remove_stale_instances(&target.path.join("instances"), true);
+    }
+    match unmount(&target.path) {
+        Ok(()) => {
+            remove_marker();
+            Ok(true)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(false),
+        Err(source) => Err(Error::Io { path: target.path, source }),
+    }
+}
+
+fn unmount(at: &Path) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).expect("no NUL in a mount point");
+    // SAFETY: a NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// This process's mount namespace, `mnt:[4026531841]`.
+fn mount_ns() -> String {
+    std::fs::read_link("/proc/self/ns/mnt").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// What `tracefs.mounted` records: the tracefs fraglab mounted.
+#[derive(Clone, Debug, PartialEq)]
+struct Marker {
+    mountpoint: PathBuf,
+    /// The mount's id (the first field of its mountinfo line).
+    mnt_id: u64,
+    mnt_ns: String,
+    /// The process that mounted it (for a human reading the file).
+    pid: u32,
+}
+
+impl Marker {
+    /// The marker, if there is one and it reads; a garbled one counts as none.
+    fn read() -> Option<Marker> {
+        let text = std::fs::read_to_string(MOUNT_MARKER).ok()?;
+        Marker::parse(&text)
+    }
+
+    fn parse(text: &str) -> Option<Marker> {
+        let mut fields = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            if let Some((k, v)) = line.split_once('=') {
+                fields.insert(k.trim(), v.trim());
+            }
+        }
+        Some(Marker {
+            mountpoint: PathBuf::from(fields.get("mountpoint").filter(|p| p.starts_with('/'))?),
+            mnt_id: fields.get("mnt_id")?.parse().ok()?,
+            mnt_ns: fields.get("mnt_ns")?.to_string(),
+            pid: fields.get("pid").and_then(|p| p.parse().ok()).unwrap_or(0),
+        })
+    }
+
+    fn text(&self) -> String {
+        format!(
+            "# fraglab mounted tracefs here; the last fraglab process using it unmounts it \
+             (crates/probe/src/tracefs.rs)\nmountpoint={}\nmnt_id={}\nmnt_ns={}\npid={}\n",
+            self.mountpoint.display(),
+            self.mnt_id,
+            self.mnt_ns,
+            self.pid
+        )
+    }
+
+    /// Written whole (a temporary file renamed over it), under `tracefs.lock`.
+    fn write(&self) -> Result<()> {
+        let tmp = format!("{MOUNT_MARKER}.tmp");
+        std::fs::write(&tmp, self.text()).map_err(io_err(&tmp))?;
+        std::fs::rename(&tmp, MOUNT_MARKER).map_err(io_err(MOUNT_MARKER))
+    }
+
+    /// `m`, seen from mount namespace `ns`, is the mount this marker records.
+    fn describes(&self, m: &TracefsMount, ns: &str) -> bool {
+        self.mnt_ns == ns && self.mountpoint == m.path && self.mnt_id == m.id
+    }
+
+    /// The recorded mount is still there (seen from `ns`).
+    fn mounted(&self, ns: &str) -> bool {
+        tracefs_mounts().is_ok_and(|ms| ms.iter().any(|m| self.describes(m, ns)))
+    }
+}
+
+fn remove_marker() {
+    let _ = std::fs::remove_file(MOUNT_MARKER);
+}
+
+/// A tracefs mount: its mountinfo id and mount point.
+#[derive(Clone, Debug, PartialEq)]
+struct TracefsMount {
+    id: u64,
+    path: PathBuf,
+}
+
+/// Every tracefs mount of this mount namespace, in mountinfo order (a mount stacked on another
+/// comes after it).
+fn tracefs_mounts() -> Result<Vec<TracefsMount>> {
     const MOUNTINFO: &str = "/proc/self/mountinfo";
     let text = crate::error::read_to_string(MOUNTINFO)?;
+    Ok(parse_tracefs_mounts(&text))
+}
+
+fn parse_tracefs_mounts(mountinfo: &str) -> Vec<TracefsMount> {
     let mut found = Vec::new();
-    for line in text.lines() {
+    for line in mountinfo.lines() {
         // `36 35 0:12 / /sys/kernel/tracing rw,nosuid - tracefs nodev rw`: the type follows " - ".
         let Some((left, right)) = line.split_once(" - ") else { continue };
         if right.split_whitespace().next() != Some("tracefs") {
             continue;
         }
-        if let Some(mp) = left.split_whitespace().nth(4) {
-            found.push(PathBuf::from(unescape_mountinfo(mp)));
+        let mut f = left.split_whitespace();
+        let id = f.next().and_then(|id| id.parse().ok());
+        if let (Some(id), Some(mp)) = (id, f.nth(3)) {
+            found.push(TracefsMount { id, path: PathBuf::from(unescape_mountinfo(mp)) });
         }
     }
-    Ok(found.iter().find(|p| p.as_path() == Path::new(DEFAULT_ROOT)).or(found.first()).cloned())
+    found
+}
+
+/// Where tracefs is mounted, preferring /sys/kernel/tracing (the top mount there, if stacked);
+/// `None` if nowhere.
+fn find_tracefs() -> Result<Option<TracefsMount>> {
+    let found = tracefs_mounts()?;
+    let default = found.iter().rev().find(|m| m.path == Path::new(DEFAULT_ROOT));
+    Ok(default.or(found.first()).cloned())
 }
 
 /// mountinfo writes ` `, `\t`, `\n` and `\` in paths as `\040`-style octal.
@@ -1105,7 +1362,7 @@ static NEXT_INSTANCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU3
 impl InstanceGuard {
     fn create(root: &Path) -> Result<InstanceGuard> {
         let instances = root.join("instances");
-        remove_stale_instances(&instances);
+        remove_stale_instances(&instances, false);
         let pid = std::process::id();
         loop {
             let n = NEXT_INSTANCE.fetch_add(1, Ordering::SeqCst);
@@ -1161,17 +1418,30 @@ impl Drop for InstanceGuard {
     }
 }
 
-/// Remove `fraglab-<pid>…` instances whose process is gone (a SIGKILLed fraglab left them).
-fn remove_stale_instances(instances: &Path) {
+/// Remove `fraglab-<pid>…` instances a SIGKILLed fraglab left: those whose process is gone, or with
+/// `all`, every one (when no other fraglab process holds `tracefs.users`, none of them is in use: this
+/// also covers a dead fraglab whose pid was reused, or that ran in another pid namespace). An
+/// instance whose `trace_pipe` is open refuses rmdir (EBUSY), so a live reader never loses its own.
+fn remove_stale_instances(instances: &Path, all: bool) {
     let Ok(entries) = std::fs::read_dir(instances) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix("fraglab-") else { continue };
-        let Ok(pid) = rest.split('-').next().unwrap_or("").parse::<u32>() else { continue };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+        let Some(pid) = instance_pid(&name) else { continue };
+        let dead = pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists();
+        if all || dead {
             let _ = std::fs::remove_dir(entry.path());
         }
     }
+}
+
+/// The pid in a catcher's instance name: `fraglab-<pid>` or `fraglab-<pid>-<n>`.
+fn instance_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("fraglab-")?;
+    let (pid, n) = rest.split_once('-').map_or((rest, None), |(p, n)| (p, Some(n)));
+    if n.is_some_and(|n| n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit())) {
+        return None;
+    }
+    pid.parse().ok()
 }
 
 #[cfg(test)]
@@ -1188,6 +1458,48 @@ mod tests {
     #[test]
     fn mountinfo_escapes() {
         assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+    }
+
+    #[test]
+    fn instance_names() {
+        assert_eq!(instance_pid("fraglab-4567"), Some(4567));
+        assert_eq!(instance_pid("fraglab-4567-3"), Some(4567));
+        assert_eq!(instance_pid("fraglab-4567-x"), None);
+        assert_eq!(instance_pid("fraglab-"), None);
+        assert_eq!(instance_pid("fraglabby-12"), None);
+        assert_eq!(instance_pid("mine"), None);
+    }
+
+    #[test]
+    fn marker_round_trip() {
+        let m = Marker {
+            mountpoint: PathBuf::from(DEFAULT_ROOT),
+            mnt_id: 46,
+            mnt_ns: "mnt:[4026531832]".into(),
+            pid: 1234,
+        };
+        assert_eq!(Marker::parse(&m.text()), Some(m.clone()));
+        assert_eq!(Marker::parse("mountpoint=/sys/kernel/tracing\nmnt_id=\n"), None);
+        assert_eq!(Marker::parse(""), None);
+        let here = TracefsMount { id: 46, path: PathBuf::from(DEFAULT_ROOT) };
+        assert!(m.describes(&here, "mnt:[4026531832]"));
+        assert!(!m.describes(&TracefsMount { id: 47, ..here.clone() }, "mnt:[4026531832]"));
+        assert!(!m.describes(&here, "mnt:[4026532000]"));
+    }
+
+    #[test]
+    fn tracefs_mounts_from_mountinfo() {
+        let text = "23 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n\
+                    46 23 0:13 / /sys/kernel/tracing rw,relatime - tracefs nodev rw\n\
+                    51 50 0:13 / /mnt/my\\040trace rw - tracefs tracefs rw\n";
+        let ms = parse_tracefs_mounts(text);
+        assert_eq!(
+            ms,
+            [
+                TracefsMount { id: 46, path: PathBuf::from("/sys/kernel/tracing") },
+                TracefsMount { id: 51, path: PathBuf::from("/mnt/my trace") }
+            ]
+        );
     }
 
     #[test]
