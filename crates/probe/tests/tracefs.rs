@@ -1,7 +1,7 @@
 //! The failed-allocation catcher: parsing on real trace output (captures/tracefs/README.md), and on
 //! this host, as root, the instance's life — setup, filter accepted and read back, real events with
 //! their stacks, clean removal, global tracing state untouched, tracefs unmounted again if the
-//! catcher mounted it.
+//! catcher mounted it (the cross-process side of that rule: tracefs_mount.rs).
 //!
 //! No allocation fails on an unfragmented machine, so here successful allocations by this test's
 //! own thread prove the plumbing (same event, same parser, a filter with `common_pid`); the failure
@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use fraglab_probe::tracefs::{
     failure_filter, migratetype_name, parse_alloc_line, parse_alloc_payload, parse_extfrag_payload,
-    parse_trace_line, AllocFailure, Catcher, GfpTable, Options, TraceParser, FAILED_PFN,
+    parse_trace_line, AllocFailure, Catcher, GfpTable, Options, TraceParser, DEFAULT_ROOT, FAILED_PFN,
+    LOCK_DIR, MOUNT_LOCK, MOUNT_MARKER, USERS_LOCK,
 };
 
 fn capture(name: &str) -> String {
@@ -173,6 +174,35 @@ fn tracefs_mounts() -> Vec<PathBuf> {
         .collect()
 }
 
+/// How tracefs is mounted before a test's catchers start: `(foreign, others)`. `foreign`: mounted,
+/// and not by fraglab (the marker does not name this mount), so it must stay mounted; otherwise the
+/// last catcher to stop unmounts it — unless `others`: another fraglab process is using tracefs
+/// now, and then that one is the last. Asked the way fraglab asks, under `tracefs.lock`.
+fn mount_before() -> (bool, bool) {
+    let marker_id = std::fs::read_to_string(MOUNT_MARKER)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("mnt_id=")?.parse::<u64>().ok());
+    let here = std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let tracefs = l.split(" - ").nth(1).is_some_and(|r| r.starts_with("tracefs "));
+        (tracefs && f[4] == DEFAULT_ROOT).then(|| f[0].parse::<u64>().unwrap())
+    });
+    let foreign = !tracefs_mounts().is_empty() && (here.is_none() || here != marker_id);
+    std::fs::create_dir_all(LOCK_DIR).unwrap();
+    let open = |p| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p);
+    let gate = open(MOUNT_LOCK).unwrap();
+    assert_eq!(unsafe { libc::flock(gate.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let users = open(USERS_LOCK).unwrap();
+    let others = unsafe { libc::flock(users.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0;
+    if others {
+        eprintln!(
+            "another fraglab process is using tracefs: the mount state after the test is its to decide"
+        );
+    }
+    (foreign, others)
+}
+
 /// One `read()`: tracefs `filter` files answer only the read at offset 0 (see tracefs.rs).
 fn read(p: &Path) -> String {
     use std::io::Read;
@@ -206,7 +236,7 @@ fn gettid() -> i32 {
 #[test]
 fn catcher_lifecycle_on_this_host() {
     let Some(_g) = root_or_skip() else { return };
-    let mounted_before = !tracefs_mounts().is_empty();
+    let (foreign, others) = mount_before();
 
     let c = Catcher::start(3).unwrap();
     let dir = c.instance_dir().to_path_buf();
@@ -214,7 +244,7 @@ fn catcher_lifecycle_on_this_host() {
     let name = dir.file_name().unwrap().to_str().unwrap().to_string();
     let base = format!("fraglab-{}", std::process::id());
     assert!(name == base || name.starts_with(&format!("{base}-")), "{name}");
-    assert_eq!(c.mounted_tracefs(), !mounted_before);
+    assert_eq!(c.mounted_tracefs(), !foreign, "fraglab mounted it, this process or another");
     assert!(!tracefs_mounts().is_empty());
     let event = dir.join("events/kmem/mm_page_alloc");
     assert_eq!(read(&event.join("filter")).trim(), failure_filter(3));
@@ -244,8 +274,10 @@ fn catcher_lifecycle_on_this_host() {
     let s = c.stop().unwrap();
     assert!(s.failures.iter().all(|f| f.failed));
     assert!(!dir.exists(), "instance left behind");
-    assert_eq!(s.unmounted, !mounted_before);
-    assert_eq!(!tracefs_mounts().is_empty(), mounted_before, "tracefs mount state changed");
+    if !others {
+        assert_eq!(s.unmounted, !foreign);
+        assert_eq!(!tracefs_mounts().is_empty(), foreign, "tracefs mount state changed");
+    }
 }
 
 #[test]
@@ -311,12 +343,14 @@ fn real_events_of_this_thread_parse() {
 #[test]
 fn dropping_a_catcher_removes_its_instance() {
     let Some(_g) = root_or_skip() else { return };
-    let mounted_before = !tracefs_mounts().is_empty();
+    let (foreign, others) = mount_before();
     let c = Catcher::start(5).unwrap();
     let dir = c.instance_dir().to_path_buf();
     drop(c);
     assert!(!dir.exists());
-    assert_eq!(!tracefs_mounts().is_empty(), mounted_before);
+    if !others {
+        assert_eq!(!tracefs_mounts().is_empty(), foreign);
+    }
 }
 
 #[test]

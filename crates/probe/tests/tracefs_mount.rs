@@ -1,0 +1,428 @@
+//! The machine-wide tracefs mount rule, with real processes on this host (root): fraglab mounts
+//! tracefs when it is mounted nowhere, the last fraglab process using it unmounts it — whichever
+//! process mounted it — and a tracefs someone else mounted is never unmounted. A SIGKILLed fraglab
+//! blocks nobody, and what it left (its mount, its instance) is cleaned by the next last user.
+//!
+//! The other processes are this test binary re-executed (`helper_catcher_process`, ignored in a
+//! normal run): each starts a catcher, says so on stdout, stops it when told on stdin and says
+//! whether it unmounted tracefs. The tests share the machine's mount state, so they run one at a
+//! time (`HOST`), and they skip when another fraglab process is using tracefs right now.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use fraglab_probe::tracefs::{Catcher, DEFAULT_ROOT, LOCK_DIR, MOUNT_LOCK, MOUNT_MARKER, USERS_LOCK};
+
+const HELPER_ENV: &str = "FRAGLAB_TRACEFS_HELPER";
+/// What a helper's own lines start with (libtest's may share the line: `test … ... `).
+const SAY: &str = "fraglab-helper:";
+
+/// A helper process: this binary, running only `helper_catcher_process`.
+#[test]
+#[ignore = "a helper the cross-process tests start by re-executing this binary"]
+fn helper_catcher_process() {
+    if std::env::var_os(HELPER_ENV).is_none() {
+        return;
+    }
+    let say = |s: String| {
+        let mut o = std::io::stdout().lock();
+        writeln!(o, "{SAY} {s}").unwrap();
+        o.flush().unwrap();
+    };
+    let c = match Catcher::start(5) {
+        Ok(c) => c,
+        Err(e) => return say(format!("error {e}")),
+    };
+    say(format!("started mounted_tracefs={} instance={}", c.mounted_tracefs(), c.instance_dir().display()));
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line); // "stop", or EOF when the test is gone
+    match c.stop() {
+        Ok(s) => say(format!("stopped unmounted={}", s.unmounted)),
+        Err(e) => say(format!("error {e}")),
+    }
+}
+
+struct Helper {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    said: Receiver<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+/// What a helper said when its catcher started.
+struct Started {
+    mounted_tracefs: bool,
+    instance: PathBuf,
+}
+
+impl Helper {
+    fn start() -> (Helper, Started) {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["helper_catcher_process", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .env(HELPER_ENV, "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, said) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+                if let Some(at) = line.find(SAY) {
+                    let _ = tx.send(line[at + SAY.len()..].trim().to_string());
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (sink, mut pipe) = (Arc::clone(&stderr), child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut s);
+            sink.lock().unwrap().push_str(&s);
+        });
+        let mut h = Helper { stdin: child.stdin.take(), child, said, stderr };
+        let line = h.next("started");
+        let mounted_tracefs = field(&line, "mounted_tracefs") == "true";
+        let instance = PathBuf::from(field(&line, "instance"));
+        (h, Started { mounted_tracefs, instance })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The helper's next line, which must start with `what`.
+    fn next(&mut self, what: &str) -> String {
+        let line = match self.said.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => line,
+            Err(RecvTimeoutError::Timeout) => panic!("helper {} said nothing for 30 s", self.pid()),
+            Err(RecvTimeoutError::Disconnected) => {
+                let _ = self.child.wait();
+                std::thread::sleep(Duration::from_millis(100));
+                panic!("helper {} ended: {}", self.pid(), self.stderr.lock().unwrap());
+            }
+        };
+        assert!(line.starts_with(what), "helper {}: {line}", self.pid());
+        line
+    }
+
+    /// Stop its catcher; whether that unmounted tracefs.
+    fn stop(mut self) -> bool {
+        writeln!(self.stdin.as_mut().unwrap(), "stop").unwrap();
+        let line = self.next("stopped");
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "helper {}: {status}", self.pid());
+        field(&line, "unmounted") == "true"
+    }
+
+    /// SIGKILL: no stop, no drop; its instance, the mount and the marker stay behind.
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn field(line: &str, key: &str) -> String {
+    line.split_whitespace()
+        .find_map(|t| t.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+        .to_string()
+}
+
+// ---- The machine's state ----
+
+static HOST: Mutex<()> = Mutex::new(());
+
+/// tracefs mounts of this namespace: (mount id, mount point).
+fn tracefs_mounts() -> Vec<(u64, PathBuf)> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(" - ").nth(1).is_some_and(|r| r.starts_with("tracefs ")))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].parse().unwrap(), PathBuf::from(f[4]))
+        })
+        .collect()
+}
+
+fn mounted() -> bool {
+    !tracefs_mounts().is_empty()
+}
+
+fn mount_tracefs() -> u64 {
+    let r = unsafe {
+        libc::mount(
+            c"nodev".as_ptr(),
+            c"/sys/kernel/tracing".as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "mount tracefs: {}", std::io::Error::last_os_error());
+    tracefs_mounts().iter().rev().find(|(_, p)| p == Path::new(DEFAULT_ROOT)).unwrap().0
+}
+
+fn umount_tracefs() {
+    let r = unsafe { libc::umount2(c"/sys/kernel/tracing".as_ptr(), 0) };
+    assert_eq!(r, 0, "umount tracefs: {}", std::io::Error::last_os_error());
+}
+
+/// `fraglab-*` instances: mounts tracefs for a look if it is not mounted.
+fn fraglab_instances() -> Vec<String> {
+    let ours = !mounted();
+    if ours {
+        mount_tracefs();
+    }
+    let names = std::fs::read_dir(Path::new(DEFAULT_ROOT).join("instances"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("fraglab-"))
+        .collect();
+    if ours {
+        umount_tracefs();
+    }
+    names
+}
+
+fn instance_of(pid: u32) -> impl Fn(&String) -> bool {
+    move |n: &String| n == &format!("fraglab-{pid}") || n.starts_with(&format!("fraglab-{pid}-"))
+}
+
+/// Another process holds `tracefs.users`, i.e. has a catcher running. Asked the way fraglab asks:
+/// under `tracefs.lock`, so a fraglab leaving at this moment is not misled.
+fn other_fraglab_users() -> bool {
+    std::fs::create_dir_all(LOCK_DIR).unwrap();
+    let open = |p| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p);
+    let gate = open(MOUNT_LOCK).unwrap();
+    assert_eq!(unsafe { libc::flock(gate.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let users = open(USERS_LOCK).unwrap();
+    unsafe { libc::flock(users.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
+}
+
+/// How tracefs was at the start of a test.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Start {
+    Unmounted,
+    /// Mounted by someone else (its mount id).
+    Foreign(u64),
+}
+
+/// The machine, to a test that may change its mount state: `None` (skip) while another fraglab
+/// uses tracefs. A dead fraglab's leftover mount is cleaned first, by the rule itself.
+fn host() -> Option<(MutexGuard<'static, ()>, Start)> {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: tracefs needs root");
+        return None;
+    }
+    let g = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    if other_fraglab_users() {
+        eprintln!("skipped: another fraglab process is using tracefs now");
+        return None;
+    }
+    // A fraglab without this rule (an older build) running now: its instance has a live pid.
+    if mounted() {
+        let live: Vec<String> = fraglab_instances()
+            .into_iter()
+            .filter(|n| n.split('-').nth(1).is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists()))
+            .collect();
+        if !live.is_empty() {
+            eprintln!("skipped: fraglab catchers of live processes: {live:?}");
+            return None;
+        }
+    }
+    if mounted() && Path::new(MOUNT_MARKER).exists() {
+        Catcher::start(5).unwrap().stop().unwrap();
+        let marker = std::fs::read_to_string(MOUNT_MARKER).unwrap_or_default();
+        assert!(marker.is_empty(), "a start and stop left this marker (tracefs busy?): {marker}");
+    }
+    let start = match tracefs_mounts().last() {
+        None => Start::Unmounted,
+        Some((id, _)) => Start::Foreign(*id),
+    };
+    Some((g, start))
+}
+
+// ---- The tests ----
+
+/// Two processes whose catchers overlap, stopped in either order: the one that mounted tracefs
+/// leaves it to the other when the other is last, and the last one unmounts it.
+#[test]
+fn two_processes_the_last_one_unmounts() {
+    let Some((_g, start)) = host() else { return };
+    let fresh = start == Start::Unmounted;
+
+    // A mounts (when it is unmounted), B joins; A stops first, then B.
+    let (a, sa) = Helper::start();
+    assert!(mounted());
+    let (b, sb) = Helper::start();
+    assert_eq!((sa.mounted_tracefs, sb.mounted_tracefs), (fresh, fresh), "the marker tells B too");
+    assert!(!a.stop(), "B still uses tracefs");
+    assert!(mounted(), "unmounted under B");
+    assert!(sb.instance.join("trace_pipe").exists(), "B's instance is intact");
+    assert_eq!(b.stop(), fresh, "B is the last user");
+    assert_eq!(mounted(), !fresh, "the mount state at the start");
+    assert!(!Path::new(MOUNT_MARKER).exists());
+
+    // The nested order: A first in, last out.
+    let (a, sa) = Helper::start();
+    let (b, _) = Helper::start();
+    assert_eq!(sa.mounted_tracefs, fresh);
+    assert!(!b.stop());
+    assert!(mounted());
+    assert_eq!(a.stop(), fresh);
+    assert_eq!(mounted(), !fresh);
+    assert!(!Path::new(MOUNT_MARKER).exists());
+    if let Start::Foreign(id) = start {
+        assert_eq!(tracefs_mounts().last().unwrap().0, id, "someone else's mount, untouched");
+    }
+}
+
+/// This process's own catchers count as one user of the machine: an in-process pair and a helper,
+/// interleaved.
+#[test]
+fn a_process_with_two_catchers_and_another_process() {
+    let Some((_g, start)) = host() else { return };
+    let fresh = start == Start::Unmounted;
+    let c1 = Catcher::start(5).unwrap();
+    assert_eq!(c1.mounted_tracefs(), fresh);
+    let (a, sa) = Helper::start();
+    assert_eq!(sa.mounted_tracefs, fresh);
+    let c2 = Catcher::start(6).unwrap();
+    assert!(!c1.stop().unwrap().unmounted, "c2 of this process and A still use it");
+    assert!(!c2.stop().unwrap().unmounted, "A still uses it");
+    assert!(mounted());
+    assert_eq!(a.stop(), fresh);
+    assert_eq!(mounted(), !fresh);
+}
+
+/// A tracefs mounted by someone else (here: by this test, the way a user or systemd would) is
+/// never unmounted, whatever the order.
+#[test]
+fn someone_elses_tracefs_stays_mounted() {
+    let Some((_g, start)) = host() else { return };
+    let id = match start {
+        Start::Unmounted => mount_tracefs(),
+        Start::Foreign(id) => id,
+    };
+    let (a, sa) = Helper::start();
+    let (b, sb) = Helper::start();
+    assert!(!sa.mounted_tracefs && !sb.mounted_tracefs);
+    assert!(!a.stop());
+    assert!(!b.stop());
+    assert_eq!(tracefs_mounts().last().map(|m| m.0), Some(id), "still the same mount");
+    assert!(!Path::new(MOUNT_MARKER).exists());
+    if start == Start::Unmounted {
+        umount_tracefs();
+    }
+}
+
+/// A marker that does not describe the mount (left over from a fraglab whose mount was replaced by
+/// someone else's) is no licence to unmount: it is dropped instead.
+#[test]
+fn a_stale_marker_never_unmounts_someone_elses_tracefs() {
+    let Some((_g, start)) = host() else { return };
+    let id = match start {
+        Start::Unmounted => mount_tracefs(),
+        Start::Foreign(id) => id,
+    };
+    let ns = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+    let stale = format!(
+        "mountpoint={DEFAULT_ROOT}\nmnt_id={}\nmnt_ns={}\npid=1\n",
+        id + 100_000,
+        ns.to_string_lossy()
+    );
+    std::fs::write(MOUNT_MARKER, &stale).unwrap();
+    let (a, sa) = Helper::start();
+    assert!(!sa.mounted_tracefs);
+    assert!(!Path::new(MOUNT_MARKER).exists(), "the stale marker is dropped on start");
+    std::fs::write(MOUNT_MARKER, &stale).unwrap();
+    assert!(!a.stop());
+    assert!(!Path::new(MOUNT_MARKER).exists(), "and by the last user");
+    assert_eq!(tracefs_mounts().last().map(|m| m.0), Some(id));
+    if start == Start::Unmounted {
+        umount_tracefs();
+    }
+}
+
+/// A SIGKILLed fraglab blocks nobody (the kernel drops its flock); the next last user removes its
+/// instance and unmounts the tracefs it mounted, whether that user was running already or comes
+/// later.
+#[test]
+fn a_sigkilled_fraglab_is_cleaned_up_by_the_next_last_user() {
+    let Some((_g, start)) = host() else { return };
+    if start != Start::Unmounted {
+        eprintln!("skipped: tracefs is mounted by someone else, so no fraglab mounts it here");
+        return;
+    }
+
+    // Killed while another process runs: that one is the last user.
+    let (a, sa) = Helper::start();
+    let (b, _) = Helper::start();
+    let a_pid = a.pid();
+    assert!(sa.mounted_tracefs);
+    a.kill();
+    assert!(sa.instance.exists(), "a SIGKILLed catcher leaves its instance");
+    assert!(b.stop(), "B is the last user and unmounts what A mounted");
+    assert!(!mounted() && !Path::new(MOUNT_MARKER).exists());
+    assert!(!fraglab_instances().iter().any(instance_of(a_pid)), "A's instance survived");
+
+    // Killed alone: its mount, marker and instance stay until the next fraglab comes and goes.
+    let (a, sa) = Helper::start();
+    let a_pid = a.pid();
+    assert!(sa.mounted_tracefs);
+    a.kill();
+    assert!(mounted() && Path::new(MOUNT_MARKER).exists() && sa.instance.exists());
+    let c = Catcher::start(5).unwrap();
+    assert!(c.mounted_tracefs(), "the marker says fraglab mounted it");
+    assert!(!sa.instance.exists(), "the dead process's instance is removed on start");
+    assert!(c.stop().unwrap().unmounted);
+    assert!(!mounted() && !Path::new(MOUNT_MARKER).exists());
+    assert!(!fraglab_instances().iter().any(instance_of(a_pid)));
+}
+
+/// The users lock, not open trace files, is what keeps tracefs mounted: a fraglab process that has
+/// joined but holds nothing open in tracefs yet (between its join and its `trace_pipe`; simulated
+/// here by holding `tracefs.users` shared on a descriptor of this test) keeps a last-looking
+/// catcher from unmounting; once it is gone, the next last user unmounts.
+#[test]
+fn a_joined_fraglab_with_nothing_open_keeps_it_mounted() {
+    let Some((_g, start)) = host() else { return };
+    if start != Start::Unmounted {
+        eprintln!("skipped: tracefs is mounted by someone else, so no fraglab mounts it here");
+        return;
+    }
+    let (a, sa) = Helper::start();
+    assert!(sa.mounted_tracefs);
+    let joined = {
+        let gate = std::fs::File::open(MOUNT_LOCK).unwrap();
+        assert_eq!(unsafe { libc::flock(gate.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let users = std::fs::File::open(USERS_LOCK).unwrap();
+        assert_eq!(unsafe { libc::flock(users.as_raw_fd(), libc::LOCK_SH) }, 0);
+        users
+    };
+    assert!(!a.stop(), "another fraglab has joined: it is not A's to unmount");
+    assert!(mounted() && Path::new(MOUNT_MARKER).exists());
+    drop(joined); // that process dies before opening anything
+    let (b, sb) = Helper::start();
+    assert!(sb.mounted_tracefs);
+    assert!(b.stop(), "the next last user unmounts it");
+    assert!(!mounted() && !Path::new(MOUNT_MARKER).exists());
+}
