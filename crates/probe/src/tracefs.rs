@@ -1117,12 +1117,15 @@ fn join_users() -> Result<(PathBuf, bool, File)> {
     // Nobody holds it exclusively outside `tracefs.lock`, so neither of these waits.
     let alone = flock(&users, USERS_LOCK, libc::LOCK_EX | libc::LOCK_NB)?;
     flock(&users, USERS_LOCK, libc::LOCK_SH)?;
-    let ns = mount_ns();
+    let here = Here::now();
     let marker = Marker::read();
+    if marker.is_none() && Path::new(MOUNT_MARKER).exists() {
+        remove_marker(); // unreadable: it can never justify an unmount
+    }
     let (root, fraglab_mounted) = match find_tracefs()? {
         Some(m) => {
-            let ours = marker.as_ref().is_some_and(|k| k.describes(&m, &ns));
-            if !ours && marker.as_ref().is_some_and(|k| k.mnt_ns == ns && !k.mounted(&ns)) {
+            let ours = marker.as_ref().is_some_and(|k| k.describes(&m, &here));
+            if !ours && marker.as_ref().is_some_and(|k| !k.elsewhere(&here) && !k.mounted(&here)) {
                 // It names a mount of this namespace that is gone or was replaced: stale.
                 remove_marker();
             }
@@ -1135,7 +1138,15 @@ fn join_users() -> Result<(PathBuf, bool, File)> {
                 let m = m.filter(|m| m.path == at).ok_or_else(|| {
                     io_err(at)(std::io::Error::other("mounted tracefs here but mountinfo does not show it"))
                 })?;
-                Marker { mountpoint: m.path, mnt_id: m.id, mnt_ns: ns, pid: std::process::id() }.write()
+                Marker {
+                    mountpoint: m.path,
+                    mnt_id: m.id,
+                    mnt_id_unique: m.unique,
+                    mnt_ns: here.ns,
+                    boot_id: here.boot_id,
+                    pid: std::process::id(),
+                }
+                .write()
             });
             if let Err(e) = written {
                 let _ = unmount(at);
@@ -1176,11 +1187,12 @@ fn clean_up_as_last_user(root: &Path) -> Result<bool> {
         }
         return Ok(false);
     };
-    let ns = mount_ns();
-    let target = tracefs_mounts()?.into_iter().rev().find(|m| marker.describes(m, &ns));
+    let here = Here::now();
+    let target = tracefs_mounts()?.into_iter().rev().find(|m| marker.describes(m, &here));
     let Some(target) = target else {
-        // Unmounted by someone else, replaced, or in another mount namespace (whose fraglab, not
-        // holding the users lock, is gone): nothing here is fraglab's to unmount.
+        // Unmounted by someone else, replaced, from an earlier boot, or in another mount
+        // namespace (whose fraglab, not holding the users lock, is gone): nothing here is
+        // fraglab's to unmount.
         remove_marker();
         return Ok(false);
     };
@@ -1206,18 +1218,33 @@ fn unmount(at: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// This process's mount namespace, `mnt:[4026531841]`.
-fn mount_ns() -> String {
-    std::fs::read_link("/proc/self/ns/mnt").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
+/// Where a mount is seen from: this boot and this process's mount namespace.
+#[derive(Clone, Debug, PartialEq)]
+struct Here {
+    /// `mnt:[4026531841]`.
+    ns: String,
+    /// /proc/sys/kernel/random/boot_id: a marker on a /run that is not tmpfs outlives the boot.
+    boot_id: String,
+}
+
+impl Here {
+    fn now() -> Here {
+        let ns = std::fs::read_link("/proc/self/ns/mnt").map(|p| p.to_string_lossy().into_owned());
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id");
+        Here { ns: ns.unwrap_or_default(), boot_id: boot.unwrap_or_default().trim().to_string() }
+    }
 }
 
 /// What `tracefs.mounted` records: the tracefs fraglab mounted.
 #[derive(Clone, Debug, PartialEq)]
 struct Marker {
     mountpoint: PathBuf,
-    /// The mount's id (the first field of its mountinfo line).
+    /// The mount's id (the first field of its mountinfo line). The kernel reuses these ids.
     mnt_id: u64,
+    /// Its 64-bit id that is never reused until reboot (statx `STATX_MNT_ID_UNIQUE`, Linux 6.8+).
+    mnt_id_unique: Option<u64>,
     mnt_ns: String,
+    boot_id: String,
     /// The process that mounted it (for a human reading the file).
     pid: u32,
 }
@@ -1239,20 +1266,28 @@ impl Marker {
         Some(Marker {
             mountpoint: PathBuf::from(fields.get("mountpoint").filter(|p| p.starts_with('/'))?),
             mnt_id: fields.get("mnt_id")?.parse().ok()?,
+            mnt_id_unique: match fields.get("mnt_id_unique") {
+                Some(u) => Some(u.parse().ok()?),
+                None => None,
+            },
             mnt_ns: fields.get("mnt_ns")?.to_string(),
+            boot_id: fields.get("boot_id")?.to_string(),
             pid: fields.get("pid").and_then(|p| p.parse().ok()).unwrap_or(0),
         })
     }
 
     fn text(&self) -> String {
-        format!(
+        let mut t = format!(
             "# fraglab mounted tracefs here; the last fraglab process using it unmounts it \
-             (crates/probe/src/tracefs.rs)\nmountpoint={}\nmnt_id={}\nmnt_ns={}\npid={}\n",
+             (crates/probe/src/tracefs.rs)\nmountpoint={}\nmnt_id={}\n",
             self.mountpoint.display(),
-            self.mnt_id,
-            self.mnt_ns,
-            self.pid
-        )
+            self.mnt_id
+        );
+        if let Some(u) = self.mnt_id_unique {
+            t.push_str(&format!("mnt_id_unique={u}\n"));
+        }
+        t.push_str(&format!("mnt_ns={}\nboot_id={}\npid={}\n", self.mnt_ns, self.boot_id, self.pid));
+        t
     }
 
     /// Written whole (a temporary file renamed over it), under `tracefs.lock`.
@@ -1262,14 +1297,23 @@ impl Marker {
         std::fs::rename(&tmp, MOUNT_MARKER).map_err(io_err(MOUNT_MARKER))
     }
 
-    /// `m`, seen from mount namespace `ns`, is the mount this marker records.
-    fn describes(&self, m: &TracefsMount, ns: &str) -> bool {
-        self.mnt_ns == ns && self.mountpoint == m.path && self.mnt_id == m.id
+    /// `m`, seen from `here`, is the mount this marker records.
+    fn describes(&self, m: &TracefsMount, here: &Here) -> bool {
+        self.boot_id == here.boot_id
+            && self.mnt_ns == here.ns
+            && self.mountpoint == m.path
+            && self.mnt_id == m.id
+            && self.mnt_id_unique.is_none_or(|u| m.unique == Some(u))
     }
 
-    /// The recorded mount is still there (seen from `ns`).
-    fn mounted(&self, ns: &str) -> bool {
-        tracefs_mounts().is_ok_and(|ms| ms.iter().any(|m| self.describes(m, ns)))
+    /// It records a mount of another mount namespace (of this boot), which this process cannot see.
+    fn elsewhere(&self, here: &Here) -> bool {
+        self.boot_id == here.boot_id && self.mnt_ns != here.ns
+    }
+
+    /// The recorded mount is still there (seen from `here`).
+    fn mounted(&self, here: &Here) -> bool {
+        tracefs_mounts().is_ok_and(|ms| ms.iter().any(|m| self.describes(m, here)))
     }
 }
 
@@ -1282,6 +1326,8 @@ fn remove_marker() {
 struct TracefsMount {
     id: u64,
     path: PathBuf,
+    /// Its never-reused id, when the kernel has them and it is the mount the path leads to.
+    unique: Option<u64>,
 }
 
 /// Every tracefs mount of this mount namespace, in mountinfo order (a mount stacked on another
@@ -1289,7 +1335,25 @@ struct TracefsMount {
 fn tracefs_mounts() -> Result<Vec<TracefsMount>> {
     const MOUNTINFO: &str = "/proc/self/mountinfo";
     let text = crate::error::read_to_string(MOUNTINFO)?;
-    Ok(parse_tracefs_mounts(&text))
+    let mut found = parse_tracefs_mounts(&text);
+    for m in &mut found {
+        // statx names the mount the path leads to (the top one): only if that is `m` is its
+        // unique id `m`'s.
+        if statx_mnt_id(&m.path, libc::STATX_MNT_ID) == Some(m.id) {
+            m.unique = statx_mnt_id(&m.path, libc::STATX_MNT_ID_UNIQUE);
+        }
+    }
+    Ok(found)
+}
+
+/// The mount id statx reports for `path`: `STATX_MNT_ID` (as in mountinfo) or
+/// `STATX_MNT_ID_UNIQUE`; `None` if the kernel does not report that kind.
+fn statx_mnt_id(path: &Path, kind: libc::c_uint) -> Option<u64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statx into a zeroed struct of the right type, on a NUL-terminated path.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_NO_AUTOMOUNT, kind, &mut st) };
+    (r == 0 && st.stx_mask & kind != 0).then_some(st.stx_mnt_id)
 }
 
 fn parse_tracefs_mounts(mountinfo: &str) -> Vec<TracefsMount> {
@@ -1303,7 +1367,7 @@ fn parse_tracefs_mounts(mountinfo: &str) -> Vec<TracefsMount> {
         let mut f = left.split_whitespace();
         let id = f.next().and_then(|id| id.parse().ok());
         if let (Some(id), Some(mp)) = (id, f.nth(3)) {
-            found.push(TracefsMount { id, path: PathBuf::from(unescape_mountinfo(mp)) });
+            found.push(TracefsMount { id, path: PathBuf::from(unescape_mountinfo(mp)), unique: None });
         }
     }
     found
@@ -1475,16 +1539,30 @@ mod tests {
         let m = Marker {
             mountpoint: PathBuf::from(DEFAULT_ROOT),
             mnt_id: 46,
+            mnt_id_unique: Some(0x1_0000_0123),
             mnt_ns: "mnt:[4026531832]".into(),
+            boot_id: "8d3c2f1e-0000-4000-8000-000000000001".into(),
             pid: 1234,
         };
         assert_eq!(Marker::parse(&m.text()), Some(m.clone()));
+        let old_kernel = Marker { mnt_id_unique: None, ..m.clone() };
+        assert_eq!(Marker::parse(&old_kernel.text()), Some(old_kernel.clone()));
         assert_eq!(Marker::parse("mountpoint=/sys/kernel/tracing\nmnt_id=\n"), None);
         assert_eq!(Marker::parse(""), None);
-        let here = TracefsMount { id: 46, path: PathBuf::from(DEFAULT_ROOT) };
-        assert!(m.describes(&here, "mnt:[4026531832]"));
-        assert!(!m.describes(&TracefsMount { id: 47, ..here.clone() }, "mnt:[4026531832]"));
-        assert!(!m.describes(&here, "mnt:[4026532000]"));
+
+        let here = Here { ns: m.mnt_ns.clone(), boot_id: m.boot_id.clone() };
+        let mount = TracefsMount { id: 46, path: PathBuf::from(DEFAULT_ROOT), unique: m.mnt_id_unique };
+        assert!(m.describes(&mount, &here));
+        // The mountinfo id was reused by a later mount; its unique id tells them apart.
+        assert!(!m.describes(&TracefsMount { unique: Some(0x1_0000_0200), ..mount.clone() }, &here));
+        assert!(!m.describes(&TracefsMount { unique: None, ..mount.clone() }, &here));
+        assert!(old_kernel.describes(&TracefsMount { unique: None, ..mount.clone() }, &here));
+        assert!(!m.describes(&TracefsMount { id: 47, ..mount.clone() }, &here));
+        // Another namespace: not ours to judge; another boot: stale.
+        let other_ns = Here { ns: "mnt:[4026532000]".into(), ..here.clone() };
+        assert!(!m.describes(&mount, &other_ns) && m.elsewhere(&other_ns));
+        let next_boot = Here { boot_id: "8d3c2f1e-0000-4000-8000-000000000002".into(), ..here.clone() };
+        assert!(!m.describes(&mount, &next_boot) && !m.elsewhere(&next_boot));
     }
 
     #[test]
@@ -1496,8 +1574,8 @@ mod tests {
         assert_eq!(
             ms,
             [
-                TracefsMount { id: 46, path: PathBuf::from("/sys/kernel/tracing") },
-                TracefsMount { id: 51, path: PathBuf::from("/mnt/my trace") }
+                TracefsMount { id: 46, path: PathBuf::from("/sys/kernel/tracing"), unique: None },
+                TracefsMount { id: 51, path: PathBuf::from("/mnt/my trace"), unique: None }
             ]
         );
     }

@@ -334,8 +334,10 @@ fn someone_elses_tracefs_stays_mounted() {
     }
 }
 
-/// A marker that does not describe the mount (left over from a fraglab whose mount was replaced by
-/// someone else's) is no licence to unmount: it is dropped instead.
+/// A marker that does not describe the mount is no licence to unmount: it is dropped instead. Such
+/// a marker is left over from a fraglab whose mount was since replaced by someone else's — with a
+/// new mount id, or with the same reused mountinfo id but a new never-reused one — or from an
+/// earlier boot (a /run on disk), or is garbled.
 #[test]
 fn a_stale_marker_never_unmounts_someone_elses_tracefs() {
     let Some((_g, start)) = host() else { return };
@@ -344,22 +346,50 @@ fn a_stale_marker_never_unmounts_someone_elses_tracefs() {
         Start::Foreign(id) => id,
     };
     let ns = std::fs::read_link("/proc/self/ns/mnt").unwrap();
-    let stale = format!(
-        "mountpoint={DEFAULT_ROOT}\nmnt_id={}\nmnt_ns={}\npid=1\n",
-        id + 100_000,
-        ns.to_string_lossy()
-    );
-    std::fs::write(MOUNT_MARKER, &stale).unwrap();
-    let (a, sa) = Helper::start();
-    assert!(!sa.mounted_tracefs);
-    assert!(!Path::new(MOUNT_MARKER).exists(), "the stale marker is dropped on start");
-    std::fs::write(MOUNT_MARKER, &stale).unwrap();
-    assert!(!a.stop());
-    assert!(!Path::new(MOUNT_MARKER).exists(), "and by the last user");
-    assert_eq!(tracefs_mounts().last().map(|m| m.0), Some(id));
+    let ns = ns.to_string_lossy();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let boot = boot.trim();
+    let marker = |mnt_id: u64, unique: Option<u64>, boot: &str| {
+        let unique = unique.map(|u| format!("mnt_id_unique={u}\n")).unwrap_or_default();
+        format!("mountpoint={DEFAULT_ROOT}\nmnt_id={mnt_id}\n{unique}mnt_ns={ns}\nboot_id={boot}\npid=1\n")
+    };
+    let mut stale = vec![
+        ("another mount id", marker(id + 100_000, None, boot)),
+        ("another boot", marker(id, None, "00000000-0000-4000-8000-000000000000")),
+        ("garbled", "mountpoint=/sys/kernel/tracing\nmnt_id=\n".to_string()),
+    ];
+    match unique_mount_id() {
+        Some(u) => stale.push(("the mount id reused", marker(id, Some(u + 1), boot))),
+        None => eprintln!("no STATX_MNT_ID_UNIQUE on this kernel: the reused-id case is not tried"),
+    }
+    for (what, text) in stale {
+        std::fs::write(MOUNT_MARKER, &text).unwrap();
+        let (a, sa) = Helper::start();
+        assert!(!sa.mounted_tracefs, "{what}");
+        assert!(!Path::new(MOUNT_MARKER).exists(), "{what}: the stale marker is dropped on start");
+        std::fs::write(MOUNT_MARKER, &text).unwrap();
+        assert!(!a.stop(), "{what}");
+        assert!(!Path::new(MOUNT_MARKER).exists(), "{what}: and by the last user");
+        assert_eq!(tracefs_mounts().last().map(|m| m.0), Some(id), "{what}");
+    }
     if start == Start::Unmounted {
         umount_tracefs();
     }
+}
+
+/// The never-reused id (Linux 6.8+) of the mount at /sys/kernel/tracing.
+fn unique_mount_id() -> Option<u64> {
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c"/sys/kernel/tracing".as_ptr(),
+            libc::AT_NO_AUTOMOUNT,
+            libc::STATX_MNT_ID_UNIQUE,
+            &mut st,
+        )
+    };
+    (r == 0 && st.stx_mask & libc::STATX_MNT_ID_UNIQUE != 0).then_some(st.stx_mnt_id)
 }
 
 /// A SIGKILLed fraglab blocks nobody (the kernel drops its flock); the next last user removes its
