@@ -991,14 +991,16 @@ fn with_error_log(e: Error, dir: &Path) -> Error {
 //   mount tracefs if it is nowhere, write the marker) and leaving (try `tracefs.users` exclusively,
 //   without waiting: getting it means no other fraglab process uses tracefs, so this one is the last
 //   and unmounts what the marker says fraglab mounted);
-// - `tracefs.mounted` (the marker) says that fraglab mounted tracefs: the mount point, its mount id
-//   in mountinfo and the mount namespace. A tracefs the marker does not describe (the user's, another
-//   tool's, systemd's) is never unmounted.
+// - `tracefs.mounted` (the marker) says that fraglab mounted tracefs: the mount point, its mount ids
+//   (mountinfo's, which the kernel reuses, and statx's never-reused one), the mount namespace and the
+//   boot. A tracefs the marker does not describe (the user's, another tool's, systemd's) is never
+//   unmounted.
 //
 // The kernel drops a flock when its process dies, so a SIGKILLed fraglab never blocks the others,
-// and its leftovers (the mount, its instance) are cleaned by whoever is the last user next. Every
-// change to `tracefs.users`' lock state happens under `tracefs.lock`, so the shared→exclusive
-// conversion (not atomic in flock) cannot race with another process's.
+// and its leftovers (the mount, its instance) are cleaned by whoever is the last user next. Apart
+// from a death dropping a shared lock, every change to `tracefs.users`' lock state happens under
+// `tracefs.lock`, so the shared→exclusive conversion (not atomic in flock) cannot race with another
+// process's.
 
 /// The directory of fraglab's machine-wide tracefs lock and marker (the fragmenter's run directory;
 /// fixed, not `--run-dir`, so every fraglab on the machine sees the same files).
