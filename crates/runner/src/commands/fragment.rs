@@ -174,10 +174,22 @@ pub fn status(args: StatusArgs, run_dir: &Path) -> Result<ExitCode> {
 }
 
 pub fn release(run_dir: &Path) -> Result<ExitCode> {
+    let holder = Instance::holder();
     control::call(run_dir, &Request::Release)?;
-    // The holder releases after replying; wait for its lock so the caller can rely on it.
+    // The holder releases after replying; wait until it has let go of the lock so the caller can rely
+    // on it — by watching its record, not by taking the lock, which is machine-wide: a fraglab starting
+    // elsewhere at that moment must not be refused because release peeked.
+    let ours = std::path::absolute(run_dir).ok();
+    let holder = holder.filter(|h| h.run_dir.is_some() && h.run_dir == ours);
+    let socket = run_dir.join(control::SOCKET);
     for _ in 0..300 {
-        if Instance::acquire(run_dir, "release").is_ok() {
+        // Without a record naming it (written by an older fraglab, or this run directory spelt
+        // through a symlink), its socket going away is the sign: it closes that after restoring.
+        let holding = match &holder {
+            Some(h) => h.still_holding(),
+            None => std::os::unix::net::UnixStream::connect(&socket).is_ok(),
+        };
+        if !holding {
             eprintln!("released");
             return Ok(ExitCode::SUCCESS);
         }
