@@ -88,7 +88,6 @@ impl Instance {
     /// [`Instance::acquire`], waiting up to `wait` for the holder to finish; says once on stderr whom
     /// it waits for.
     pub fn acquire_wait(dir: &Path, command: &str, wait: Duration) -> Result<(Instance, Vec<Restored>)> {
-        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let file = open_lock()?;
         let start = Instant::now();
         let mut told = false;
@@ -126,6 +125,8 @@ impl Instance {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        // Only now: a refused fraglab leaves no trace in its run directory.
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         Instance::take(file, dir, command)
     }
 

@@ -13,6 +13,14 @@ use procfs::PhysicalPageFlags;
 /// The fragmenter is one per machine (sysctls are global): run these one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// The instance lock is machine-wide: another fraglab (another test binary, a user's hold) may have
+/// it, and these tests queue behind it rather than fail.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+fn lock(dir: &std::path::Path) -> Instance {
+    Instance::acquire_wait(dir, "fraglab-fragmenter hold test", LOCK_WAIT).unwrap().0
+}
+
 const SYSCTLS: [&str; 3] =
     ["vm.percpu_pagelist_high_fraction", "vm.compact_unevictable_allowed", "vm.compaction_proactiveness"];
 
@@ -48,9 +56,10 @@ fn kpageflags(pfns: &[u64]) -> Vec<PhysicalPageFlags> {
 #[test]
 fn max_free_order_holds_through_compaction_and_release_gives_memory_back() {
     let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let sysctls_before: Vec<String> = SYSCTLS.iter().map(|s| sysctl::read(s).unwrap()).collect();
     let dir = run_dir("mfo");
-    let (_lock, _) = Instance::acquire(&dir, "test").unwrap();
+    let _lock = lock(&dir);
+    // Read holding the lock: before it, another fraglab may have them changed.
+    let sysctls_before: Vec<String> = SYSCTLS.iter().map(|s| sysctl::read(s).unwrap()).collect();
     let avail_before = mem_available().unwrap();
     let budget = 1u64 << 30;
     let k = 4;
@@ -138,7 +147,7 @@ fn max_free_order_holds_through_compaction_and_release_gives_memory_back() {
 fn seed_profile_is_reproduced_in_the_budget() {
     let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let dir = run_dir("profile");
-    let (_lock, _) = Instance::acquire(&dir, "test").unwrap();
+    let _lock = lock(&dir);
     // Seed 000's fragmented Normal zone, as the mail shows it.
     let (_, free) =
         fraglab_fragmenter::target::parse_profile("Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0")
@@ -168,7 +177,7 @@ fn seed_profile_is_reproduced_in_the_budget() {
 fn pin_none_lets_compaction_fight_back() {
     let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let dir = run_dir("none");
-    let (_lock, _) = Instance::acquire(&dir, "test").unwrap();
+    let _lock = lock(&dir);
     let budget = 512u64 << 20;
     let target = Target::MaxFreeOrder { order: 4, free_bytes: budget / 16 * 15 };
     let mut f =
