@@ -5,7 +5,9 @@
 //! Every test has its own run directory under /tmp and they run one at a time (sysctls are
 //! machine-wide). Other fraglabs on a shared machine (other run directories, the fragmenter's own
 //! tests, fragment_bench) change the same sysctls: when a value check finds one of them running, it
-//! says so and skips that check instead of failing on someone else's change.
+//! says so and skips that check instead of failing on someone else's change. The instance lock is
+//! machine-wide too: every fraglab started here queues for it (`FRAGLAB_LOCK_WAIT`) except the ones
+//! meant to be refused ([`fraglab_now`]).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -13,6 +15,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use fraglab_fragmenter::instance::{Instance, LOCK_FILE, WAIT_ENV};
 use fraglab_probe::kmsg::KmsgWatcher;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -20,6 +23,8 @@ use nix::unistd::Pid;
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
+/// How long a fraglab started here queues for the instance lock another test binary or a user holds.
+const LOCK_WAIT: Duration = Duration::from_secs(600);
 
 /// Every sysctl fraglab may change: the fragmenter's and the triggers'.
 const SYSCTLS: [&str; 7] = [
@@ -54,8 +59,20 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// `fraglab --run-dir DIR`, queueing for the instance lock.
+fn command(run_dir: &Path) -> Command {
+    let mut c = Command::new(FRAGLAB);
+    c.arg("--run-dir").arg(run_dir).current_dir(repo()).env(WAIT_ENV, format!("{}s", LOCK_WAIT.as_secs()));
+    c
+}
+
 fn fraglab(run_dir: &Path, args: &[&str]) -> Output {
-    Command::new(FRAGLAB).arg("--run-dir").arg(run_dir).args(args).current_dir(repo()).output().unwrap()
+    command(run_dir).args(args).output().unwrap()
+}
+
+/// [`fraglab`] refused at once, not queued, when another fraglab holds the instance lock.
+fn fraglab_now(run_dir: &Path, args: &[&str]) -> Output {
+    command(run_dir).env_remove(WAIT_ENV).args(args).output().unwrap()
 }
 
 fn stderr(o: &Output) -> String {
@@ -191,6 +208,27 @@ fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Wait until no fraglab holds the instance lock, so what is measured next is the machine without
+/// another test binary's or user's hold (one may still start right after: judged as usual).
+fn wait_for_idle_lock() {
+    wait_until(LOCK_WAIT, "the instance lock to be free", || {
+        Instance::holder().is_none_or(|h| !h.still_holding())
+    });
+}
+
+/// Whether another fraglab may have replayed a journal this test left for its next command: the lock
+/// is machine-wide, so any fraglab that takes it — whatever its run directory — restores a dead
+/// holder's journal first. `others` is [`others`] sampled around the kill and the command.
+fn recovered_elsewhere(journal: &Path, err: &str, others: &[String]) -> bool {
+    if err.contains("died holding sysctls; restored from its journal") {
+        return false;
+    }
+    assert!(!journal.exists(), "the journal was left and not restored: {err}");
+    assert!(!others.is_empty(), "the journal is gone, but no fraglab said it restored it: {err}");
+    eprintln!("note: another fraglab restored the dead one's journal first ({others:?})");
+    true
+}
+
 /// A fraglab started in the background, its output collected as it comes. If a test fails while it
 /// runs, dropping it sends SIGTERM (release and restore), and SIGKILL plus a journal-restoring command
 /// if that does not end it.
@@ -218,11 +256,8 @@ fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
 
 impl Running {
     fn start(run_dir: &Path, args: &[&str]) -> Running {
-        let mut child = Command::new(FRAGLAB)
-            .arg("--run-dir")
-            .arg(run_dir)
+        let mut child = command(run_dir)
             .args(args)
-            .current_dir(repo())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -297,9 +332,9 @@ impl Daemon {
     fn start(dir: &Path, budget: &str) -> Daemon {
         let out = fraglab(dir, &["fragment", "--max-free-order", "4", "--budget", budget, "--daemon"]);
         assert!(out.status.success(), "daemon: {}", stderr(&out));
-        let lock: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("lock")).unwrap()).unwrap();
-        let pid = lock["pid"].as_i64().unwrap() as i32;
+        let holder = Instance::holder().expect("the daemon's record in the lock file");
+        assert_eq!(holder.run_dir.as_deref(), Some(dir), "the lock is held for another run dir: {holder}");
+        let pid = holder.pid as i32;
         mine(pid);
         assert!(stderr(&out).contains(&format!("pid {pid}")), "{}", stderr(&out));
         Daemon { dir: dir.to_path_buf(), pid }
@@ -390,6 +425,7 @@ fn read_json(path: &Path) -> serde_json::Value {
 fn memory_pressure_while_holding_gives_memory_back_before_the_oom_killer() {
     let _s = serial();
     let dir = scratch("pressure");
+    wait_for_idle_lock();
     let avail = meminfo("MemAvailable");
     if avail < 6 * GIB {
         eprintln!(
@@ -409,7 +445,7 @@ fn memory_pressure_while_holding_gives_memory_back_before_the_oom_killer() {
         &dir,
         &["fragment", "--max-free-order", "4", "--budget", "512MiB", "--floor", &floor_arg],
     );
-    wait_until(Duration::from_secs(90), "the fragmenter to answer `fraglab status`", || {
+    wait_until(LOCK_WAIT + Duration::from_secs(90), "the fragmenter to answer `fraglab status`", || {
         assert!(f.running(), "the fragmenter exited before holding: {}", f.stderr());
         fraglab(&dir, &["status"]).status.success()
     });
@@ -496,6 +532,7 @@ fn memory_pressure_while_holding_gives_memory_back_before_the_oom_killer() {
 #[test]
 fn memory_pressure_during_a_run_is_recorded_as_target_lost() {
     let _s = serial();
+    wait_for_idle_lock();
     let avail = meminfo("MemAvailable");
     if avail < 6 * GIB {
         eprintln!("skipped: MemAvailable is {} MiB; this test wants 6 GiB of headroom", avail >> 20);
@@ -523,7 +560,7 @@ fn memory_pressure_during_a_run_is_recorded_as_target_lost() {
     let mut kmsg = KmsgWatcher::open().unwrap();
     let mut run = Running::start(&dir, &["run", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
     let pid = run.pid();
-    wait_until(Duration::from_secs(120), "the run to reach its workloads", || {
+    wait_until(LOCK_WAIT + Duration::from_secs(120), "the run to reach its workloads", || {
         assert!(run.running(), "the run ended early: {}{}", run.stdout(), run.stderr());
         !instances_of(pid).is_empty()
     });
@@ -589,20 +626,33 @@ fn sigkill_mid_run_is_repaired_by_the_next_command() {
     let before = sysctls();
     let mut run = Running::start(&dir, &["run", "configs/quickstart.toml", "-o", out.to_str().unwrap()]);
     let journal_path = dir.join("sysctl.journal");
-    wait_until(Duration::from_secs(120), "run.json and vm.compact_unevictable_allowed = 0", || {
-        assert!(run.running(), "the run ended early: {}{}", run.stdout(), run.stderr());
-        results_dir(&out).is_some_and(|d| d.join("run.json").exists())
-            && journal(&journal_path).iter().any(|(n, _)| n == "vm.compact_unevictable_allowed")
-            && sysctl("vm.compact_unevictable_allowed") == "0"
-    });
+    wait_until(
+        LOCK_WAIT + Duration::from_secs(120),
+        "run.json and vm.compact_unevictable_allowed = 0",
+        || {
+            assert!(run.running(), "the run ended early: {}{}", run.stdout(), run.stderr());
+            results_dir(&out).is_some_and(|d| d.join("run.json").exists())
+                && journal(&journal_path).iter().any(|(n, _)| n == "vm.compact_unevictable_allowed")
+                && sysctl("vm.compact_unevictable_allowed") == "0"
+        },
+    );
+    // Read before the kill: once it is dead, any fraglab on this machine may replay it.
+    let entries = journal(&journal_path);
     run.signal(Signal::SIGKILL);
     let status = run.wait_for(Duration::from_secs(10)).expect("SIGKILL ends it");
+    let mut around = others();
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9));
     assert!(instances_of(run.pid()).is_empty(), "killed before the monitors: no tracefs instance yet");
-    let entries = journal(&journal_path);
     let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
     assert!(names.contains(&"vm.percpu_pagelist_high_fraction"), "{entries:?}");
-    assert_eq!(sysctl("vm.compact_unevictable_allowed"), "0", "nothing restored yet: the journal must do it");
+    if journal_path.exists() {
+        assert_eq!(journal(&journal_path), entries);
+        assert_eq!(
+            sysctl("vm.compact_unevictable_allowed"),
+            "0",
+            "nothing restored yet: the journal must do it"
+        );
+    }
 
     // What a killed run leaves: run.json is valid, still "running", with no finish time.
     let run_json = read_json(&results_dir(&out).unwrap().join("run.json"));
@@ -614,9 +664,11 @@ fn sigkill_mid_run_is_repaired_by_the_next_command() {
     assert!(probe.status.success(), "{}", stderr(&probe));
     serde_json::from_slice::<serde_json::Value>(&probe.stdout).expect("probe still prints its JSON");
     let err = stderr(&probe);
-    assert!(err.contains("died holding sysctls; restored from its journal"), "{err}");
-    for (name, original) in &entries {
-        assert!(err.contains(&format!("{name} = {original}")), "{name} not reported restored: {err}");
+    around.extend(others());
+    if !recovered_elsewhere(&journal_path, &err, &around) {
+        for (name, original) in &entries {
+            assert!(err.contains(&format!("{name} = {original}")), "{name} not reported restored: {err}");
+        }
     }
     assert!(!journal_path.exists(), "the journal is removed once restored");
     assert_sysctls(&entries, "restored from the journal");
@@ -654,16 +706,19 @@ fn sigkill_mid_trigger_restores_both_journals() {
     let before = sysctls();
     let trigger_journal = dir.join("trigger.journal");
     let mut run = Running::start(&dir, &["run", long.to_str().unwrap(), "-o", out.to_str().unwrap()]);
-    wait_until(Duration::from_secs(120), "the trigger to raise fs.pipe-max-size", || {
+    wait_until(LOCK_WAIT + Duration::from_secs(120), "the trigger to raise fs.pipe-max-size", || {
         assert!(run.running(), "the run ended early: {}{}", run.stdout(), run.stderr());
         journal(&trigger_journal).iter().any(|(n, _)| n == "fs.pipe-max-size")
             && sysctl("fs.pipe-max-size") == "16777216"
     });
     let pid = run.pid();
-    run.signal(Signal::SIGKILL);
-    run.wait_for(Duration::from_secs(10)).expect("SIGKILL ends it");
+    // Read before the kill: once it is dead, any fraglab on this machine may replay the fragmenter's
+    // journal (the trigger's is replayed only from this run directory).
     let fragmenter = journal(&dir.join("sysctl.journal"));
     let trigger = journal(&trigger_journal);
+    run.signal(Signal::SIGKILL);
+    run.wait_for(Duration::from_secs(10)).expect("SIGKILL ends it");
+    let mut around = others();
     assert!(!fragmenter.is_empty() && !trigger.is_empty());
     assert_eq!(sysctl("fs.pipe-max-size"), "16777216", "nothing restored yet");
     assert!(!instances_of(pid).is_empty(), "the catcher's instance was up during the workloads");
@@ -671,9 +726,14 @@ fn sigkill_mid_trigger_restores_both_journals() {
     let probe = fraglab(&dir, &["probe", "--json"]);
     let err = stderr(&probe);
     assert!(probe.status.success(), "{err}");
-    assert!(err.contains("a previous fraglab died holding sysctls"), "{err}");
+    around.extend(others());
+    let mut reported = trigger.clone();
+    if !recovered_elsewhere(&dir.join("sysctl.journal"), &err, &around) {
+        assert!(err.contains("a previous fraglab died holding sysctls"), "{err}");
+        reported.extend(fragmenter.iter().cloned());
+    }
     assert!(err.contains("a previous trigger died holding sysctls"), "{err}");
-    for (name, original) in fragmenter.iter().chain(&trigger) {
+    for (name, original) in &reported {
         assert!(err.contains(&format!("{name} = {original}")), "{name}: {err}");
     }
     assert!(!dir.join("sysctl.journal").exists() && !trigger_journal.exists());
@@ -706,7 +766,7 @@ fn interrupt_run(sig: Signal) {
     let mut run = Running::start(&dir, &["run", "configs/quickstart.toml", "-o", out.to_str().unwrap()]);
     let pid = run.pid();
     // The catcher's instance appears when the monitors start, right before the first workload.
-    wait_until(Duration::from_secs(120), "the run to reach its workloads", || {
+    wait_until(LOCK_WAIT + Duration::from_secs(120), "the run to reach its workloads", || {
         assert!(run.running(), "the run ended early: {}{}", run.stdout(), run.stderr());
         !instances_of(pid).is_empty()
     });
@@ -715,7 +775,7 @@ fn interrupt_run(sig: Signal) {
 
     // Two fraglabs at once, the other way round: while the run holds, a fragmenter and a second
     // run in the same run directory refuse, naming it.
-    let second = fraglab(&dir, &["fragment", "--max-free-order", "4", "--budget", "64MiB"]);
+    let second = fraglab_now(&dir, &["fragment", "--max-free-order", "4", "--budget", "64MiB"]);
     assert!(!second.status.success());
     assert!(stderr(&second).contains(&format!("pid {pid}")), "{}", stderr(&second));
 
@@ -841,7 +901,8 @@ fn missing_sctp_exits_125_before_anything_is_taken() {
     assert_eq!(r["status"], "complete");
     assert!(r["reason"].as_str().unwrap().contains("no SCTP"), "{r}");
     assert!(r["fragment"].is_null() && r["phases"].as_array().unwrap().is_empty(), "{r}");
-    assert!(!dir.join("lock").exists(), "the instance lock was taken");
+    // Taking the instance lock creates the run directory (a refused or unlocked command does not).
+    assert!(!dir.exists(), "the instance lock was taken");
     assert_sysctls(&before, "a run refused for a missing feature");
 
     let w = fraglab(&dir, &["workload", "sctp-connect", "--associations", "1", "--streams", "10"]);
@@ -892,17 +953,17 @@ fn run_refuses_while_a_daemon_holds() {
     let d = Daemon::start(&dir, "256MiB");
     let holding = sysctls();
     let journal_text = std::fs::read_to_string(dir.join("sysctl.journal")).unwrap();
-    let lock_text = std::fs::read_to_string(dir.join("lock")).unwrap();
+    let lock_text = std::fs::read_to_string(LOCK_FILE).unwrap();
     let status = status_json(&dir);
 
-    let run = fraglab(&dir, &["run", "configs/quickstart.toml", "-o", out.to_str().unwrap()]);
+    let run = fraglab_now(&dir, &["run", "configs/quickstart.toml", "-o", out.to_str().unwrap()]);
     let err = stderr(&run);
     assert_eq!(run.status.code(), Some(255), "{err}");
     assert!(err.contains("another fraglab is running") && err.contains(&format!("pid {}", d.pid)), "{err}");
 
     assert!(alive(d.pid), "the holder died");
     assert_eq!(std::fs::read_to_string(dir.join("sysctl.journal")).unwrap(), journal_text);
-    assert_eq!(std::fs::read_to_string(dir.join("lock")).unwrap(), lock_text);
+    assert_eq!(std::fs::read_to_string(LOCK_FILE).unwrap(), lock_text);
     assert_sysctls(&holding, "a refused run while a daemon holds");
     let after = status_json(&dir);
     assert_eq!(after["pid"], status["pid"]);
@@ -921,6 +982,112 @@ fn run_refuses_while_a_daemon_holds() {
 
     d.release();
     assert_sysctls(&before, "after the daemon's release");
+}
+
+/// 5b. The instance lock is machine-wide, whatever `--run-dir` says. While a daemon holds, a fraglab
+///     with another run directory is refused, naming it and changing nothing; with
+///     `FRAGLAB_LOCK_WAIT` it waits, says once whom for, and goes ahead only once the daemon has
+///     restored everything, so it journals the machine's own values. (With a lock per run directory
+///     the second one held at once, journaled the daemon's changed values as originals and "restored"
+///     those at its end, leaving the machine changed.)
+#[test]
+fn another_run_dir_is_refused_or_waits_while_a_daemon_holds() {
+    let _s = serial();
+    let (a, b) = (scratch("lock-a"), scratch("lock-b"));
+    let out = scratch("lock-b-results");
+    let before = sysctls();
+    let d = Daemon::start(&a, "128MiB");
+    let originals = journal(&a.join("sysctl.journal"));
+    assert!(originals.iter().any(|(n, _)| n == "vm.compact_unevictable_allowed"), "{originals:?}");
+    let holding = sysctls();
+    let lock_text = std::fs::read_to_string(LOCK_FILE).unwrap();
+    let journal_text = std::fs::read_to_string(a.join("sysctl.journal")).unwrap();
+
+    // Refused at once: a daemon and a run, each with another run directory.
+    let frag = fraglab_now(&b, &["fragment", "--max-free-order", "4", "--budget", "64MiB", "--daemon"]);
+    if frag.status.success() {
+        let _ = fraglab(&b, &["release"]);
+        panic!("a second daemon held beside the first: {}", stderr(&frag));
+    }
+    let run = fraglab_now(&b, &["run", "configs/quickstart.toml", "-o", out.to_str().unwrap()]);
+    for o in [&frag, &run] {
+        let err = stderr(o);
+        assert!(!o.status.success(), "{err}");
+        assert!(
+            err.contains("another fraglab is running") && err.contains(&format!("pid {}", d.pid)),
+            "{err}"
+        );
+    }
+    assert!(!b.exists(), "a refused fraglab created its run directory");
+    assert!(alive(d.pid), "the holder died");
+    assert_eq!(std::fs::read_to_string(LOCK_FILE).unwrap(), lock_text, "the holder's record changed");
+    assert_eq!(std::fs::read_to_string(a.join("sysctl.journal")).unwrap(), journal_text);
+    assert_sysctls(&holding, "refused fraglabs with another run directory");
+
+    // Queued: it waits for the daemon and changes nothing meanwhile.
+    let mut waiter = Running::start(&b, &["fragment", "--max-free-order", "4", "--budget", "64MiB"]);
+    let waiting = format!("waiting for fraglab pid {}", d.pid);
+    wait_until(Duration::from_secs(30), "the second fraglab to say whom it waits for", || {
+        assert!(waiter.running(), "it did not wait: {}", waiter.stderr());
+        waiter.stderr().contains(&waiting)
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(waiter.running(), "{}", waiter.stderr());
+    assert!(!b.join("sysctl.journal").exists(), "it changed sysctls while the daemon held");
+    assert_sysctls(&holding, "a fraglab waiting for the lock");
+    d.release();
+    wait_until(LOCK_WAIT + Duration::from_secs(90), "the second fraglab to hold", || {
+        assert!(waiter.running(), "it stopped instead of holding: {}", waiter.stderr());
+        fraglab(&b, &["status"]).status.success()
+    });
+    assert_eq!(waiter.stderr().matches("waiting for").count(), 1, "{}", waiter.stderr());
+    let second = journal(&b.join("sysctl.journal"));
+    assert_eq!(second, originals, "the second fraglab journaled other values than the machine's own");
+    assert!(fraglab(&b, &["release"]).status.success());
+    assert!(waiter.wait_for(Duration::from_secs(30)).expect("exits after release").success());
+    assert_sysctls(&before, "after both released");
+}
+
+/// 2c. A fraglab SIGKILLed while holding is repaired by the next fraglab command whatever its run
+///     directory: the lock's record says where the dead one's journal is.
+#[test]
+fn sigkill_is_repaired_from_another_run_dir() {
+    let _s = serial();
+    let (dead, other) = (scratch("stale-dead"), scratch("stale-other"));
+    let before = sysctls();
+    let mut f = Running::start(&dead, &["fragment", "--max-free-order", "4", "--budget", "64MiB"]);
+    wait_until(LOCK_WAIT + Duration::from_secs(90), "the fragmenter to answer `fraglab status`", || {
+        assert!(f.running(), "the fragmenter exited before holding: {}", f.stderr());
+        fraglab(&dead, &["status"]).status.success()
+    });
+    let journal_path = dead.join("sysctl.journal");
+    let entries = journal(&journal_path);
+    assert!(entries.iter().any(|(n, _)| n == "vm.compact_unevictable_allowed"), "{entries:?}");
+    f.signal(Signal::SIGKILL);
+    f.wait_for(Duration::from_secs(10)).expect("SIGKILL ends it");
+    let mut around = others();
+    if journal_path.exists() {
+        assert_eq!(
+            sysctl("vm.compact_unevictable_allowed"),
+            "0",
+            "nothing restored yet: the journal must do it"
+        );
+    }
+
+    let probe = fraglab(&other, &["probe", "--json"]);
+    let err = stderr(&probe);
+    assert!(probe.status.success(), "{err}");
+    around.extend(others());
+    if !recovered_elsewhere(&journal_path, &err, &around) {
+        for (name, original) in &entries {
+            assert!(err.contains(&format!("{name} = {original}")), "{name} not reported restored: {err}");
+        }
+    }
+    assert!(!journal_path.exists(), "the dead one's journal is still there");
+    assert!(!dead.join("fraglab.sock").exists(), "the dead one's socket is still there");
+    assert!(!other.exists(), "recovering created the probe's run directory");
+    assert_sysctls(&entries, "restored from another run directory");
+    assert_sysctls(&before, "restored from another run directory");
 }
 
 /// `--floor` is checked before anything is taken: not below 2 × min_free_kbytes, below MemAvailable.
