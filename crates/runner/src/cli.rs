@@ -67,6 +67,10 @@ pub struct RunArgs {
     /// Resolve the config and print the plan; take nothing, change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Run the scenario on memory as it is, without fragmenting (as if `[fragment] enabled =
+    /// false`): the unfragmented half of an A/B, for `fraglab compare`.
+    #[arg(long)]
+    pub baseline: bool,
 }
 
 #[derive(Debug, Args)]

@@ -44,6 +44,11 @@ fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<ExitCode> {
     if let Some(out) = &args.output {
         plan.output = out.clone();
     }
+    if args.baseline {
+        // Dropped only after resolving, so the baseline half of an A/B refuses the same bad
+        // [fragment] as the fragmented half would.
+        plan.fragment = None;
+    }
     if args.dry_run {
         print!("{}", runplan::describe(&plan));
         return Ok(ExitCode::SUCCESS);
