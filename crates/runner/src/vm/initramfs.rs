@@ -187,6 +187,11 @@ pub fn pack_dir(root: &Path, out: impl Write) -> Result<Vec<PathBuf>> {
 /// Unpack a results archive into `dest`: regular files and directories only, no path leaving `dest`.
 /// Returns the files written.
 pub fn unpack(archive: &[u8], dest: &Path) -> Result<Vec<PathBuf>> {
+    unpack_except(archive, dest, &[])
+}
+
+/// [`unpack`], leaving out the files named in `skip` (paths relative to the archive's root).
+pub fn unpack_except(archive: &[u8], dest: &Path, skip: &[PathBuf]) -> Result<Vec<PathBuf>> {
     use std::os::unix::fs::PermissionsExt;
     let mut files = Vec::new();
     let mut rest = archive;
@@ -208,6 +213,7 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Vec<PathBuf>> {
                 std::fs::create_dir_all(&target)?;
                 rest = reader.finish()?;
             }
+            0o100000 if skip.iter().any(|s| s == rel) => rest = reader.finish()?,
             0o100000 => {
                 if let Some(p) = target.parent() {
                     std::fs::create_dir_all(p)?;

@@ -121,6 +121,17 @@ struct Plan {
     mem_mib: u64,
     timeout: Duration,
     argv: Vec<String>,
+    /// `--file`s, and the host files the guest command names (`run CONFIG`, `scan LOG`) carried in
+    /// where the guest will look for them, so `vm -- run configs/x.toml` reads the file `run` would.
+    carried: Vec<Carried>,
+    /// Where the guest's /results goes: `--results`, else for `run` the current directory, so the
+    /// run's results directory lands where a run here would have put it.
+    results: Option<PathBuf>,
+}
+
+struct Carried {
+    host: PathBuf,
+    guest: String,
 }
 
 fn check(args: &VmArgs) -> Result<Plan> {
@@ -141,7 +152,88 @@ fn check(args: &VmArgs) -> Result<Plan> {
             "nothing to run: give a fraglab command after `--` (e.g. `-- probe --json`) or --script FILE"
         ),
     };
-    Ok(Plan { mem_mib: mem >> 20, timeout, argv })
+    let (named, is_run) =
+        if args.script.is_some() { (Vec::new(), false) } else { named_files(&args.command)? };
+    let mut carried: Vec<Carried> = args
+        .file
+        .iter()
+        .map(|f| {
+            let (host, guest) = f.split_once(':').unwrap_or((f, f));
+            Carried { host: PathBuf::from(host), guest: guest_path(Path::new(guest)) }
+        })
+        .collect();
+    for (host, guest) in named {
+        if !carried.iter().any(|c| c.guest == guest) {
+            carried.push(Carried { host, guest });
+        }
+    }
+    let results = args.results.clone().or_else(|| is_run.then(|| PathBuf::from(".")));
+    Ok(Plan { mem_mib: mem >> 20, timeout, argv, carried, results })
+}
+
+/// The host files a guest fraglab command reads, with where the guest will look for them, and
+/// whether it is a `run`. A command that does not parse names nothing: the guest's fraglab says
+/// what is wrong with it, exactly as it would here.
+fn named_files(command: &[String]) -> Result<(Vec<(PathBuf, String)>, bool)> {
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+    let argv = std::iter::once("fraglab".to_string()).chain(command.iter().cloned());
+    let Ok(cli) = Cli::try_parse_from(argv) else { return Ok((Vec::new(), false)) };
+    let (files, is_run) = match &cli.command {
+        Command::Run(r) => {
+            warn_if_results_stay_in_guest(r);
+            (vec![r.config.clone()], true)
+        }
+        Command::Scan(s) if s.log != Path::new("-") => (vec![s.log.clone()], false),
+        _ => (Vec::new(), false),
+    };
+    let mut named = Vec::new();
+    for host in files {
+        let meta = std::fs::metadata(&host).with_context(|| {
+            format!("`{}` names {}, to carry into the guest", command.join(" "), host.display())
+        })?;
+        if !meta.is_file() {
+            bail!("`{}` names {}, which is not a file", command.join(" "), host.display());
+        }
+        let guest = guest_path(&host);
+        named.push((host, guest));
+    }
+    Ok((named, is_run))
+}
+
+/// Only /results comes back from the guest: say so before booting when a run will write elsewhere.
+fn warn_if_results_stay_in_guest(r: &crate::cli::RunArgs) {
+    let output = match &r.output {
+        Some(o) => Some(o.clone()),
+        None => {
+            crate::config::Source::read(&r.config).ok().and_then(|src| src.parse().ok()).map(|c| c.run.output)
+        }
+    };
+    if let Some(o) = output.filter(|o| !guest_path(o).starts_with(&format!("{}/", init::RESULTS_DIR))) {
+        eprintln!(
+            "fraglab vm: the guest run writes its results under {}, outside /results: they will not come \
+             back; give a relative -o DIR",
+            o.display()
+        );
+    }
+}
+
+/// Where the guest resolves `host` from its working directory /results, lexically (the initramfs
+/// holds no symlinks of ours to follow).
+fn guest_path(host: &Path) -> String {
+    use std::path::Component;
+    let mut out = PathBuf::from("/");
+    let joined = Path::new(init::RESULTS_DIR).join(host);
+    for c in joined.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+            _ => {}
+        }
+    }
+    out.to_string_lossy().into_owned()
 }
 
 fn host(args: VmArgs) -> Result<ExitCode> {
@@ -247,19 +339,22 @@ fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<ini
             }
         }
     }
+    // A shell always comes along (dash: ~130 KiB with its libc): scripts need it, and so do `exec`
+    // workloads, which are mostly `sh -c '...'` — a server in the background, then the client.
+    match (std::fs::canonicalize("/bin/sh"), &args.script) {
+        (Ok(sh), _) if !fs.contains("/bin/sh") => fs.program("/bin/sh", &sh)?,
+        (Err(e), Some(_)) => bail!("--script needs the host's /bin/sh: {e}"),
+        _ => {}
+    }
     if let Some(script) = &args.script {
         let text = std::fs::read(script).with_context(|| format!("--script {}", script.display()))?;
         fs.bytes("/fraglab/script", text, 0o755)?;
-        let sh = std::fs::canonicalize("/bin/sh").context("--script needs the host's /bin/sh")?;
-        fs.program("/bin/sh", &sh)?;
     }
-    for f in &args.file {
-        let (host, guest) = match f.split_once(':') {
-            Some((h, g)) => (h, g.to_string()),
-            None => (f.as_str(), f.clone()),
-        };
-        let guest = if guest.starts_with('/') { guest } else { format!("{}/{guest}", init::RESULTS_DIR) };
-        fs.host_file(&guest, Path::new(host)).with_context(|| format!("--file {f}"))?;
+    for c in &plan.carried {
+        if args.verbose {
+            eprintln!("fraglab vm: carrying {} to {}", c.host.display(), c.guest);
+        }
+        fs.host_file(&c.guest, &c.host).with_context(|| format!("carrying {}", c.host.display()))?;
     }
     // Leave the guest time to send what the command wrote before the host's timeout: a quarter of
     // it, at most 20 s (guest uptime starts a second or two after qemu does).
@@ -364,14 +459,14 @@ fn boot_and_report(
                 continue;
             }
         }
-        return report(args, outcome, work);
+        return report(args, plan, outcome, work);
     }
 }
 
 /// Left in the work directory when a message cites its console.log, which is then kept.
 const CONSOLE_CITED: &str = "console-cited";
 
-fn report(args: &VmArgs, outcome: Outcome, work: &Path) -> Result<ExitCode> {
+fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<ExitCode> {
     let tail = |lines: &[String]| {
         if lines.is_empty() {
             eprintln!("  | (nothing yet)");
@@ -405,11 +500,30 @@ fn report(args: &VmArgs, outcome: Outcome, work: &Path) -> Result<ExitCode> {
                 ),
                 _ => {}
             }
-            match &args.results {
+            match &plan.results {
                 Some(dir) => {
                     std::fs::create_dir_all(dir).with_context(|| format!("--results {}", dir.display()))?;
-                    let files =
-                        if results.is_empty() { Vec::new() } else { initramfs::unpack(&results, dir)? };
+                    // Files carried in under /results come back too; one that would land on its own
+                    // source (`vm -- run configs/x.toml` unpacking into .) is left alone.
+                    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b))
+                    {
+                        (Ok(a), Ok(b)) => a == b,
+                        _ => false,
+                    };
+                    let carried: Vec<PathBuf> = plan
+                        .carried
+                        .iter()
+                        .filter_map(|c| {
+                            Path::new(&c.guest).strip_prefix(init::RESULTS_DIR).ok().map(|r| (c, r))
+                        })
+                        .filter(|(c, rel)| same(&c.host, &dir.join(rel)))
+                        .map(|(_, rel)| rel.to_path_buf())
+                        .collect();
+                    let files = if results.is_empty() {
+                        Vec::new()
+                    } else {
+                        initramfs::unpack_except(&results, dir, &carried)?
+                    };
                     if args.verbose {
                         eprintln!("fraglab vm: {} result files in {}", files.len(), dir.display());
                     }
@@ -452,5 +566,38 @@ fn report(args: &VmArgs, outcome: Outcome, work: &Path) -> Result<ExitCode> {
             tail(&console_tail);
             Ok(ExitCode::from(EXIT_UNSUPPORTED))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_paths_resolve_from_results_as_the_guest_would() {
+        assert_eq!(guest_path(Path::new("configs/x.toml")), "/results/configs/x.toml");
+        assert_eq!(guest_path(Path::new("./a/../b.toml")), "/results/b.toml");
+        assert_eq!(guest_path(Path::new("../x.toml")), "/x.toml");
+        assert_eq!(guest_path(Path::new("/home/me/x.toml")), "/home/me/x.toml");
+    }
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn run_and_scan_name_the_files_to_carry() {
+        let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/quickstart.toml");
+        let (files, is_run) = named_files(&words(&format!("run {config} --baseline"))).unwrap();
+        assert!(is_run);
+        assert_eq!(files, vec![(PathBuf::from(config), guest_path(Path::new(config)))]);
+        let (files, is_run) = named_files(&words(&format!("scan {config}"))).unwrap();
+        assert_eq!((files.len(), is_run), (1, false));
+        // Nothing to carry, or a command the guest's fraglab will refuse with its own message.
+        for cmd in ["probe --json", "scan -", "run", "no-such-command x"] {
+            assert_eq!(named_files(&words(cmd)).unwrap(), (Vec::new(), false), "{cmd}");
+        }
+        let err = named_files(&words("run configs/no-such.toml")).unwrap_err();
+        assert!(format!("{err:#}").contains("configs/no-such.toml"), "{err:#}");
     }
 }
