@@ -1,5 +1,5 @@
 //! `fraglab vm` end to end: real qemu boots of Debian's cloud kernel (fetched with apt into
-//! ~/.cache/fraglab on first use). Four boots, one at a time: TCG guests on a 2-core machine slow
+//! ~/.cache/fraglab on first use). Six boots, one at a time: TCG guests on a 2-core machine slow
 //! each other down. Needs qemu-system-x86 and apt lists (`apt-get update`), which scripts/test
 //! installs; the first run also builds a static fraglab for the guest (a few minutes).
 
@@ -53,14 +53,142 @@ fn probe_json_comes_back_from_a_1g_guest() {
     assert!((900 << 10..=1 << 20).contains(&total), "MemTotal {total} kB");
 }
 
+/// `fraglab vm [flags] -- run configs/NAME.toml`, the way a user types it: from a directory holding
+/// configs/NAME.toml (a copy of the checkout's), which fraglab carries into the guest by itself.
+/// Returns the output and the scratch directory the results came back to.
+fn vm_run(name: &str, flags: &[&str], run_flags: &[&str]) -> (Output, PathBuf) {
+    let dir = scratch(name);
+    std::fs::create_dir_all(dir.join("configs")).unwrap();
+    let config = format!("configs/{name}.toml");
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let text = std::fs::read_to_string(checkout.join(&config)).unwrap();
+    std::fs::write(dir.join(&config), &text).unwrap();
+    let out = Command::new(FRAGLAB)
+        .current_dir(&dir)
+        .args(["vm", "--kernel", "debian-cloud", "--timeout", "280s"])
+        .args(flags)
+        .args(["--", "run", &config])
+        .args(run_flags)
+        .output()
+        .expect("run fraglab vm");
+    eprintln!(
+        "--- fraglab vm {flags:?} -- run {config} {run_flags:?}: {}\n--- stdout:\n{}\n--- stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The config went in and its results came back, but the host's copy was left as it was.
+    assert_eq!(std::fs::read_to_string(dir.join(&config)).unwrap(), text, "{config} was overwritten");
+    (out, dir)
+}
+
+/// The one results directory a guest run left under `<dir>/results`, as a run here would have.
+fn results_dir(dir: &Path, name: &str) -> PathBuf {
+    let found: Vec<PathBuf> = std::fs::read_dir(dir.join("results"))
+        .expect("the guest's results directory came back to the host")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("{name}-")))
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.into_iter().next().unwrap()
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Issue 6, "what must be shown" #3: the whole guest fragmented to max free order 4, F_SETPIPE_SZ
+/// 64 MiB needs an order-8 block and gets ENOMEM; the catcher has the order-8 failure with
+/// pipe_resize_ring in its stack; the host gets exit 1 and the results directory.
 #[test]
-fn the_guest_commands_exit_status_and_stderr_come_back() {
+fn pipe_highorder_reproduces_in_a_fragmented_guest() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let out = vm(&["--", "fragment", "--max-free-order", "99"]);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("max free order 99 is outside"), "{stderr}");
-    assert!(out.stdout.is_empty());
+    let (out, dir) = vm_run("pipe-highorder", &[], &[]);
+    assert_eq!(out.status.code(), Some(1), "exit 1: reproduced");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("verdict: reproduced"), "{stdout}");
+    let results = results_dir(&dir, "pipe-highorder");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("results: results/pipe-highorder-"));
+
+    let run = json(&results.join("run.json"));
+    assert_eq!(run["verdict"], "reproduced", "{run}");
+    assert!(run["kernel_release"].as_str().unwrap().ends_with("-cloud-amd64"), "the guest's kernel");
+    let workloads = json(&results.join("workloads.json"));
+    let enomem: u64 = workloads
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|w| w["result"]["errors"].as_array().unwrap())
+        .filter(|e| e["errno"] == "ENOMEM")
+        .map(|e| e["count"].as_u64().unwrap())
+        .sum();
+    assert!(enomem > 0, "F_SETPIPE_SZ gave ENOMEM: {workloads}");
+
+    let failures: Vec<serde_json::Value> = std::fs::read_to_string(results.join("alloc_failures.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let order8_pipe = failures
+        .iter()
+        .filter(|f| f["order"] == 8)
+        .filter(|f| f["stack"].as_array().unwrap().iter().any(|s| s == "pipe_resize_ring"))
+        .count();
+    eprintln!("{} failures caught, {order8_pipe} of order 8 in pipe_resize_ring", failures.len());
+    assert!(order8_pipe > 0, "an order-8 failure with pipe_resize_ring in its stack was caught");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// #3's other half: the same scenario on memory as it is (`--baseline`) succeeds — F_SETPIPE_SZ
+/// finds its order-8 block — and exit 0 comes back.
+#[test]
+fn pipe_highorder_succeeds_in_an_unfragmented_guest() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (out, dir) = vm_run("pipe-highorder", &[], &["--baseline"]);
+    assert_eq!(out.status.code(), Some(0), "exit 0: not reproduced");
+    let results = results_dir(&dir, "pipe-highorder");
+    let run = json(&results.join("run.json"));
+    assert_eq!(run["verdict"], "not-reproduced", "{run}");
+    assert!(run["fragment"].is_null(), "a baseline run fragments nothing: {run}");
+    let workloads = json(&results.join("workloads.json"));
+    for w in workloads.as_array().unwrap() {
+        assert_eq!(w["result"]["failed"], 0, "{w}");
+        assert!(w["result"]["ok"].as_u64().unwrap() > 0, "{w}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// #1 and #4 in one boot: on the guest fragmented to max free order 4, fraglab's sctp-connect sets up
+/// associations with 65535 streams each way (SCTP_STATUS 65535/65535), and next to it the `exec`
+/// workload runs the seed's own `sctp_test ... -M 65535 -T`, carried in with --extra-bin.
+#[test]
+fn sctp_65535_streams_native_and_the_seeds_sctp_test() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let bins = ["sctp_test", "ip", "cat", "sleep"].map(|b| ["--extra-bin", b]).concat();
+    let (out, dir) = vm_run("sctp64k-seed", &bins, &[]);
+    assert_eq!(out.status.code(), Some(0), "exit 0: a current kernel no longer fails");
+    let results = results_dir(&dir, "sctp64k-seed");
+    let workloads = json(&results.join("workloads.json"));
+    let by_kind = |k: &str| -> Vec<&serde_json::Value> {
+        workloads.as_array().unwrap().iter().map(|w| &w["result"]).filter(|r| r["kind"] == k).collect()
+    };
+    let native = by_kind("sctp-connect");
+    let seed = by_kind("exec");
+    assert_eq!((native.len(), seed.len()), (3, 3), "3 iterations of each: {workloads}");
+    for r in native {
+        assert_eq!(r["failed"], 0, "{r}");
+        assert_eq!(r["ok"], 10, "{r}");
+        assert_eq!(r["details"]["sstat_outstrms"], 65535, "{r}");
+        assert_eq!(r["details"]["sstat_instrms"], 65535, "{r}");
+    }
+    for r in seed {
+        assert_eq!(r["details"]["exit_code"], 0, "sctp_test exited 0: {r}");
+        assert_eq!(r["ok"], 1, "{r}");
+        let command = r["params"]["command"].to_string();
+        assert!(command.contains("-M 65535 -T"), "the seed's command: {command}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn read(dir: &Path, name: &str) -> String {
