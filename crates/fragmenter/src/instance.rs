@@ -7,8 +7,9 @@
 //! take "the" lock while the first held, journal the first one's *changed* sysctls as originals and
 //! "restore" those at its end, leaving the machine changed.
 //!
-//! Journals, the control socket and the log stay in the run directory, so tests and users find them
-//! where they always were; instead the holder writes its run directory into the lock file. Whoever
+//! Journals, the control socket and the log stay in the run directory — moving the journal to the
+//! fixed directory would be as correct, but every caller and test names it by its run directory, and a
+//! record is one field — so the holder writes its run directory into the lock file instead. Whoever
 //! takes the lock next knows that holder is gone (the kernel dropped its flock), so the journal the
 //! record names is stale whatever run directory either of them uses, and is replayed before anything
 //! else — together with any journal in the taker's own run directory. The record is emptied on a clean
