@@ -64,6 +64,8 @@ pub struct Machine {
     pub min_free: u64,
     pub default_reserve: u64,
     pub root: bool,
+    /// The base page size; the fragmenter's cut and pagemap arithmetic are written for 4 KiB.
+    pub page_size: u64,
 }
 
 impl Machine {
@@ -75,6 +77,7 @@ impl Machine {
             min_free: fraglab_fragmenter::sysctl::read("vm.min_free_kbytes")?.parse::<u64>()? * 1024,
             default_reserve: fragment::default_reserve()?,
             root: nix::unistd::geteuid().is_root(),
+            page_size: procfs::page_size(),
         })
     }
 }
@@ -89,6 +92,13 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         bail!(
             "fraglab fragment needs root: it reads physical frame numbers from /proc/self/pagemap, \
              mlocks memory and changes vm sysctls (run it with sudo)"
+        );
+    }
+    if m.page_size != fraglab_fragmenter::arena::PAGE_SIZE as u64 {
+        bail!(
+            "this kernel uses {} pages; the fragmenter shapes 4 KiB pages only (x86-64, or an arm64 \
+             kernel built with 4K pages). fraglab probe, scan, workload and a baseline run work here",
+            format_size(m.page_size)
         );
     }
     let budget = size("budget", &spec.budget)?;

@@ -45,9 +45,9 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
-/// Block size of an order, as buddyinfo readers think of it: order 0 = `4K`, order 10 = `4M`.
+/// Block size of an order on this kernel: with 4 KiB pages order 0 = `4K`, order 10 = `4M`.
 pub fn order_size(order: usize) -> String {
-    let kb = 4u64 << order;
+    let kb = (procfs::page_size() >> 10) << order;
     if kb >= 1024 {
         format!("{}M", kb / 1024)
     } else {

@@ -128,7 +128,10 @@ pub fn human(s: &Snapshot) -> String {
         line(&mut o, format!("{:<22}{head}{:>12}", "order:", "free"));
         for z in &b.zones {
             let cells: String = z.free.iter().map(|c| format!("{c:>7}")).collect();
-            line(&mut o, format!("{:<22}{cells}{:>12}", z.label(), format_size(z.free_pages() * 4096)));
+            line(
+                &mut o,
+                format!("{:<22}{cells}{:>12}", z.label(), format_size(z.free_pages() * procfs::page_size())),
+            );
         }
     }
     if let Some(f) = &s.free {
@@ -196,10 +199,13 @@ pub fn human(s: &Snapshot) -> String {
     }
     if let Some(slab) = &s.slabinfo {
         let mut caches: Vec<_> = slab.caches.iter().collect();
-        caches.sort_by_key(|c| std::cmp::Reverse(c.bytes(4096)));
+        caches.sort_by_key(|c| std::cmp::Reverse(c.bytes(procfs::page_size())));
         line(
             &mut o,
-            format!("\nLargest slab caches (/proc/slabinfo, {} in all)", format_size(slab.total_bytes(4096))),
+            format!(
+                "\nLargest slab caches (/proc/slabinfo, {} in all)",
+                format_size(slab.total_bytes(procfs::page_size()))
+            ),
         );
         for c in caches.iter().take(5) {
             line(
@@ -209,7 +215,7 @@ pub fn human(s: &Snapshot) -> String {
                     c.name,
                     c.active_objs,
                     c.num_objs,
-                    format_size(c.bytes(4096))
+                    format_size(c.bytes(procfs::page_size()))
                 ),
             );
         }
