@@ -3,16 +3,12 @@
 //! different things (a real directory with its stored config edited).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::OnceLock;
 
 use serde_json::Value;
 
-const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("fraglab-compare-{name}-{}", std::process::id()));
@@ -27,7 +23,7 @@ fn run_dir() -> PathBuf {
 }
 
 fn fraglab(args: &[&str]) -> Output {
-    Command::new(FRAGLAB).arg("--run-dir").arg(run_dir()).args(args).current_dir(repo()).output().unwrap()
+    common::fraglab(&run_dir(), args)
 }
 
 fn compare(args: &[&str]) -> (Option<i32>, String, String) {

@@ -7,28 +7,21 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 
 use serde_json::Value;
 
-const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+mod common;
+use common::{fraglab, repo};
 /// Files each exec round creates on tmpfs: shmem_inode_cache grows by this much per round.
 const FILES_PER_ROUND: u64 = 1500;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("fraglab-report-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn fraglab(run_dir: &Path, args: &[&str]) -> Output {
-    Command::new(FRAGLAB).arg("--run-dir").arg(run_dir).args(args).current_dir(repo()).output().unwrap()
 }
 
 struct Runs {

@@ -2,21 +2,13 @@
 //! with a clear error and no side effect, and the quickstart runs for real on this machine.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Mutex;
 
-const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+mod common;
+use common::{fraglab, repo};
 
 /// Runs change machine-wide sysctls and take the instance lock: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn fraglab(run_dir: &Path, args: &[&str]) -> Output {
-    Command::new(FRAGLAB).arg("--run-dir").arg(run_dir).args(args).current_dir(repo()).output().unwrap()
-}
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("fraglab-run-{name}-{}", std::process::id()));

@@ -315,13 +315,13 @@ fn a_trigger_runs_while_the_instance_lock_is_held() {
     let _s = serial();
     let dir = run_dir("beside");
     std::fs::create_dir_all(&*dir).unwrap();
-    // What a holding fragmenter does: flock the instance lock.
-    let lock = std::fs::File::create(dir.join("lock")).unwrap();
-    // SAFETY: flock on a descriptor we own.
-    assert_eq!(
-        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) },
-        0
-    );
+    // What a holding fragmenter does: take the (machine-wide) instance lock.
+    let (lock, _) = fraglab_fragmenter::instance::Instance::acquire_wait(
+        &dir,
+        "workload_trigger test",
+        std::time::Duration::from_secs(600),
+    )
+    .unwrap();
     let r = trigger(&dir, &["pipe-resize", "--bytes", "16MiB", "--repeat", "2"]);
     assert_eq!(r.ok, 2);
     drop(lock);
