@@ -50,6 +50,10 @@ pub struct Holder {
     /// lock was machine-wide have none: the lock was then in the run directory, so it was [`RUN_DIR`].
     #[serde(default)]
     pub run_dir: Option<PathBuf>,
+    /// A `fraglab run`'s results directory, so whoever finds this holder dead can mark that run as
+    /// cut short instead of leaving it "running" forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<PathBuf>,
 }
 
 impl Holder {
@@ -76,6 +80,7 @@ pub struct Instance {
     file: File,
     /// The run directory (absolute) whose journal this holder writes.
     pub dir: PathBuf,
+    holder: Holder,
 }
 
 impl Instance {
@@ -132,7 +137,7 @@ impl Instance {
     }
 
     /// Holding the flock: replay what dead holders left, then write our own record.
-    fn take(mut file: File, dir: &Path, command: &str) -> Result<(Instance, Vec<Restored>)> {
+    fn take(file: File, dir: &Path, command: &str) -> Result<(Instance, Vec<Restored>)> {
         let dir = std::path::absolute(dir).with_context(|| format!("{}", dir.display()))?;
         let mut dirs = Vec::new();
         if let Some(dead) = Instance::holder() {
@@ -153,14 +158,34 @@ impl Instance {
             command: command.into(),
             since: now_epoch(),
             run_dir: Some(dir.clone()),
+            results: None,
         };
-        file.set_len(0)?;
-        file.rewind()?;
-        file.write_all(serde_json::to_string(&holder)?.as_bytes())?;
+        let mut instance = Instance { file, dir, holder };
+        instance.write_record()?;
+        Ok((instance, restored))
+    }
+
+    fn write_record(&mut self) -> Result<()> {
+        self.file.set_len(0)?;
+        self.file.rewind()?;
+        self.file.write_all(serde_json::to_string(&self.holder)?.as_bytes())?;
         // Where /run survives a reboot, so does the journal; the record must too, or it is found only
         // from its own run directory.
-        file.sync_data()?;
-        Ok((Instance { file, dir }, restored))
+        self.file.sync_data()?;
+        Ok(())
+    }
+
+    /// Name the results directory of the run this holder is doing, in its record.
+    pub fn set_results(&mut self, dir: &Path) -> Result<()> {
+        self.holder.results = Some(std::path::absolute(dir)?);
+        self.write_record()
+    }
+
+    /// The record of a holder that died without cleaning up (SIGKILL, OOM kill, crash): its process is
+    /// gone. Read before [`Instance::recover_if_stale`], which replaces the record. A pid reused since
+    /// reads as alive, so such a holder is missed rather than a live one taken for dead.
+    pub fn dead_holder() -> Option<Holder> {
+        Instance::holder().filter(|h| !alive(h.pid))
     }
 
     /// Restore dead fraglabs' sysctls, if any, without keeping the lock: what every fraglab command

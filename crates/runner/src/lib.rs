@@ -25,6 +25,7 @@ pub const EXIT_UNSUPPORTED: u8 = 125;
 pub fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     // Whatever a SIGKILLed fraglab left changed is put back before anything else happens.
+    let dead = fraglab_fragmenter::instance::Instance::dead_holder();
     match fraglab_fragmenter::instance::Instance::recover_if_stale(&cli.run_dir) {
         Ok(restored) if !restored.is_empty() => {
             eprintln!("fraglab: a previous fraglab died holding sysctls; restored from its journal:");
@@ -34,6 +35,19 @@ pub fn main() -> ExitCode {
         }
         Ok(_) => {}
         Err(e) => eprintln!("fraglab: could not restore a previous fraglab's sysctls: {e:#}"),
+    }
+    if let Some((h, dir)) = dead.and_then(|h| h.results.clone().map(|r| (h, r))) {
+        let why = format!(
+            "fraglab pid {} died during the run (SIGKILL, an OOM kill or a crash); pid {} found it dead \
+             and restored what it had changed",
+            h.pid,
+            std::process::id()
+        );
+        match (results::ResultsDir { dir: dir.clone() }).mark_cut_short(&why) {
+            Ok(true) => eprintln!("fraglab: marked the dead run's results incomplete: {}", dir.display()),
+            Ok(false) => {}
+            Err(e) => eprintln!("fraglab: could not mark the dead run's results: {e:#}"),
+        }
     }
     // Triggers journal apart from the fragmenter (they run while it holds the instance lock).
     workload::trigger::set_run_dir(&cli.run_dir);

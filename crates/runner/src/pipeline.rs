@@ -123,8 +123,10 @@ fn pipeline(
     if let Err(reason) = preflight(plan) {
         return finish(results, record, Verdict::CouldNotTest, reason);
     }
-    let (instance, restored) =
+    let (mut instance, restored) =
         Instance::acquire(run_dir, &format!("fraglab run {}", plan.config_path.display()))?;
+    // If this process is killed, the next fraglab marks these results as cut short.
+    instance.set_results(&results.dir)?;
     record.sysctls_restored.extend(restored.iter().map(|r| format!("{r} (left by a dead fraglab)")));
     let journal = Journal::create(run_dir)?;
 

@@ -40,6 +40,25 @@ impl ResultsDir {
         fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
     }
 
+    /// A run whose fraglab died mid-way (SIGKILL, OOM kill, crash) left run.json saying "running":
+    /// say instead that it was cut short, and why, so report/compare/summary never take it for one
+    /// still going or complete. Returns whether run.json was changed.
+    pub fn mark_cut_short(&self, why: &str) -> Result<bool> {
+        let path = self.dir.join("run.json");
+        let mut record: serde_json::Value = serde_json::from_slice(
+            &fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?,
+        )
+        .with_context(|| format!("{} is not JSON", path.display()))?;
+        if record["status"] != "running" {
+            return Ok(false);
+        }
+        record["status"] = "incomplete".into();
+        record["reason"] = why.into();
+        record["finished"] = serde_json::to_value(crate::workload::result::wall_now())?;
+        self.write_json("run.json", &record)?;
+        Ok(true)
+    }
+
     /// An append-only JSON-lines file; each line is flushed as it is written.
     pub fn lines(&self, file: &str) -> Result<JsonLines> {
         let path = self.dir.join(file);

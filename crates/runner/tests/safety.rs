@@ -617,7 +617,8 @@ fn memory_pressure_during_a_run_is_recorded_as_target_lost() {
 }
 
 /// 2. SIGKILL in the middle of `fraglab run` (while it fragments): the next fraglab command restores
-///    every sysctl from the journal and says so; a new daemon starts in the same run directory.
+///    every sysctl from the journal and says so, and marks the run's results incomplete; a new daemon
+///    starts in the same run directory.
 #[test]
 fn sigkill_mid_run_is_repaired_by_the_next_command() {
     let _s = serial();
@@ -672,6 +673,11 @@ fn sigkill_mid_run_is_repaired_by_the_next_command() {
     }
     assert!(!journal_path.exists(), "the journal is removed once restored");
     assert_sysctls(&entries, "restored from the journal");
+    // ... and the dead run's results no longer claim to be running (whichever fraglab found it dead).
+    let run_json = read_json(&results_dir(&out).unwrap().join("run.json"));
+    assert_eq!(run_json["status"], "incomplete", "{run_json}");
+    assert!(run_json["reason"].as_str().unwrap().contains("died during the run"), "{run_json}");
+    assert!(!run_json["finished"].is_null());
     let again = fraglab(&dir, &["probe", "--json"]);
     assert!(!stderr(&again).contains("restored"), "restored twice: {}", stderr(&again));
 
