@@ -306,19 +306,29 @@ impl Fragmenter {
     /// until the reserve is available again — before the OOM killer has to act. Returns what it did.
     pub fn guard(&mut self) -> Result<Option<String>> {
         let avail = mem_available()?;
-        if avail >= self.plan.floor || self.arena.pages() == 0 {
+        if avail >= self.plan.floor || (self.arena.pages() == 0 && self.fill.bytes() == 0) {
             return Ok(None);
         }
-        let given = self.arena.shrink(self.plan.reserve.saturating_sub(avail).max(CHUNK));
+        let want = self.plan.reserve.saturating_sub(avail).max(CHUNK);
+        let given = self.arena.shrink(want);
+        // Pipe pages (whole-machine mode) are unmovable and keep the reserve broken up, so they go
+        // last — but they go: hundreds of MiB the OOM killer would otherwise have to find.
+        let from_pipes = self.fill.shrink(want.saturating_sub(given));
         self.kept.retain(|&(i, _)| i < self.arena.pages());
         self.cut.at.clear();
         self.status.held_bytes = self.status.held_bytes.saturating_sub(given);
+        self.status.fill_bytes = self.fill.bytes();
         let what = format!(
-            "{}: MemAvailable {} MiB fell below the floor {} MiB; gave back {} MiB; target lost",
+            "{}: MemAvailable {} MiB fell below the floor {} MiB; gave back {} MiB{}; target lost",
             humantime::format_rfc3339_seconds(std::time::SystemTime::now()),
             avail >> 20,
             self.plan.floor >> 20,
-            given >> 20
+            (given + from_pipes) >> 20,
+            if from_pipes > 0 {
+                format!(" ({} MiB of it pipe pages)", from_pipes >> 20)
+            } else {
+                String::new()
+            }
         );
         self.status.events.push(what.clone());
         self.status.target_lost = Some("memory pressure: memory given back to avoid the OOM killer".into());

@@ -15,7 +15,8 @@ const PIPE_BYTES: usize = 1 << 20;
 /// Pipes kept full; dropping them frees their pages.
 #[derive(Default)]
 pub struct PipeFill {
-    pipes: Vec<(OwnedFd, OwnedFd)>,
+    /// Read end, write end, bytes written into it.
+    pipes: Vec<(OwnedFd, OwnedFd, u64)>,
     bytes: u64,
 }
 
@@ -40,13 +41,25 @@ impl PipeFill {
                 left -= 4096;
             }
             self.bytes += n;
-            self.pipes.push((r, OwnedFd::from(file)));
+            self.pipes.push((r, OwnedFd::from(file), n));
         }
         Ok(self.bytes)
     }
 
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Close the newest pipes until at least `bytes` are freed (or none are left). Returns the bytes
+    /// freed.
+    pub fn shrink(&mut self, bytes: u64) -> u64 {
+        let mut given = 0;
+        while given < bytes {
+            let Some((_, _, n)) = self.pipes.pop() else { break };
+            given += n;
+        }
+        self.bytes -= given;
+        given
     }
 
     /// Free every pipe page.
