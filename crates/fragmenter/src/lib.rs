@@ -4,11 +4,13 @@
 //! chooses which pages to free so the buddy allocator is left with exactly the wanted free blocks
 //! ([`shape`]), and frees them. Sysctls go through a journal ([`sysctl`]) so they are restored on
 //! release, exit or signal, and by the next fraglab if this one was killed ([`instance`]). A holding
-//! fragmenter answers `status` and `release` on a Unix socket ([`control`]).
+//! fragmenter answers `status` and `release` on a Unix socket ([`control`]); one that holds while its
+//! caller runs workloads keeps its guard on a thread ([`hold`]).
 
 pub mod arena;
 pub mod control;
 pub mod fragment;
+pub mod hold;
 pub mod instance;
 pub mod pipefill;
 pub mod shape;

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use fraglab_fragmenter::fragment::Fragmenter;
+use fraglab_fragmenter::hold::Guarded;
 use fraglab_fragmenter::instance::Instance;
 use fraglab_fragmenter::sysctl::Journal;
 use fraglab_probe::kmsg::{KmsgEvent, KmsgWatcher};
@@ -145,7 +146,8 @@ fn pipeline(
                 record.sysctls_restored.extend(f.release()?.iter().map(|r| r.to_string()));
                 return finish(results, record, Verdict::CouldNotTest, why);
             }
-            Held::Fragmented(Box::new(f))
+            // From here on memory pressure is answered within 200 ms, also in the middle of a workload.
+            Held::Fragmented(Guarded::start(f))
         }
         None => Held::Baseline(journal),
     };
@@ -160,7 +162,7 @@ fn pipeline(
 
     'points: for point in &plan.points {
         for (name, value) in &point.sysctls {
-            kernel.journal().set(name, value)?;
+            kernel.set_sysctl(name, value)?;
         }
         for iteration in 1..=plan.iterations {
             for (index, w) in point.workloads.iter().enumerate() {
@@ -179,10 +181,8 @@ fn pipeline(
                     }
                 };
                 eprint!("{}", crate::commands::workload::summary(&result));
-                if let Held::Fragmented(f) = &mut kernel {
-                    if let Some(event) = f.guard()? {
-                        record.errors.push(event);
-                    }
+                if let Held::Fragmented(g) = &kernel {
+                    record.errors.extend(g.take_events());
                 }
                 workloads.push(WorkloadRecord {
                     point: point.label.clone(),
@@ -205,7 +205,9 @@ fn pipeline(
         lines.push(f)?;
     }
     let restored = match kernel {
-        Held::Fragmented(mut f) => {
+        Held::Fragmented(g) => {
+            let (mut f, events) = g.stop()?;
+            record.errors.extend(events);
             record.fragment = Some(f.refresh()?.clone());
             f.release()?
         }
@@ -244,17 +246,17 @@ fn pipeline(
     finish(results, record, verdict, reason)
 }
 
-/// What the run holds of the kernel: fragmented memory and its journal, or just the journal.
+/// What the run holds of the kernel: fragmented memory (guarded) and its journal, or just the journal.
 enum Held {
-    Fragmented(Box<Fragmenter>),
+    Fragmented(Guarded),
     Baseline(Journal),
 }
 
 impl Held {
-    fn journal(&mut self) -> &mut Journal {
+    fn set_sysctl(&mut self, name: &str, value: &str) -> Result<()> {
         match self {
-            Held::Fragmented(f) => f.journal(),
-            Held::Baseline(j) => j,
+            Held::Fragmented(g) => g.with(|f| f.journal().set(name, value)),
+            Held::Baseline(j) => j.set(name, value),
         }
     }
 }
