@@ -220,9 +220,15 @@ fn print_plan(plan: &Plan, machine: &Machine, json: bool) -> Result<()> {
     }
     println!("target:   {}", describe(&plan.target));
     match plan.budget {
-        Some(b) => println!("take:     {} (budget)", format_size(b)),
+        Some(b) => println!(
+            "take:     {} (budget); where free memory is already in small blocks, up to {} to find whole \
+             aligned regions, the surplus given back after the cut",
+            format_size(b),
+            format_size(b.saturating_mul(4))
+        ),
         None => println!(
-            "take:     all free memory above the reserve, about {}",
+            "take:     all free memory above the reserve, about {}; then pipe pages for the high-order \
+             blocks left in the reserve",
             format_size(machine.mem_available.saturating_sub(plan.reserve))
         ),
     }
@@ -238,6 +244,9 @@ fn print_plan(plan: &Plan, machine: &Machine, json: bool) -> Result<()> {
     }
     if plan.no_proactive_compaction {
         sysctls.push("vm.compaction_proactiveness = 0");
+    }
+    if plan.budget.is_none() {
+        sysctls.push("vm.lowmem_reserve_ratio (DMA entry = 1)");
     }
     println!("sysctls:  {} (journaled, restored on release)", sysctls.join(", "));
     println!("dry run: nothing taken, nothing changed");
