@@ -36,6 +36,7 @@ pub enum AccelArg {
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:
+  fraglab vm --kernel debian-cloud -- run configs/pipe-highorder.toml   # results/ and exit status come back
   fraglab vm --kernel debian-cloud -- probe --json
   fraglab vm --kernel arch/x86/boot/bzImage --modules /tmp/mods -- workload sctp-connect --streams 65535
   fraglab vm --kernel debian-cloud --script test.sh --results out/   # several commands, one boot
@@ -62,13 +63,15 @@ pub struct VmArgs {
     /// Kill the guest after this long (boot included) and exit 125.
     #[arg(long, default_value = "300s", value_name = "DURATION")]
     pub timeout: String,
-    /// Copy what the guest command writes under its working directory /results here.
+    /// Copy what the guest command writes under its working directory /results here (for `run`, by
+    /// default the current directory: its results/ lands where a run here would put it).
     #[arg(long, value_name = "DIR")]
     pub results: Option<PathBuf>,
     /// A host program to carry into the guest with its shared libraries (e.g. /usr/bin/sctp_test).
     #[arg(long = "extra-bin", value_name = "PATH")]
     pub extra_bin: Vec<PathBuf>,
     /// A host file to carry into the guest, as HOST[:GUEST]; a relative GUEST lands under /results.
+    /// The file a `run CONFIG` or `scan LOG` names is carried without it.
     #[arg(long = "file", value_name = "HOST[:GUEST]")]
     pub file: Vec<String>,
     /// Run this shell script in the guest (the host's /bin/sh is carried along) instead of one
