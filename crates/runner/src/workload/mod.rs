@@ -4,6 +4,7 @@
 //! prints it, `fraglab run` stores it.
 
 pub mod exec;
+mod opts;
 pub mod result;
 pub mod sctp;
 pub mod tcp;

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use hdrhistogram::Histogram;
 use libc::c_int;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::opts::{self, opt_size_text, size_text, Wording};
 use super::result::{
     latency_histogram, wall_now, CpuSample, ErrnoCount, Errors, Latency, Rusage, Spread, WorkloadResult,
 };
-use crate::units::{parse_duration, parse_size};
 
 // ---------------------------------------------------------------------------------------------
 // The kernel ABI (include/uapi/linux/sctp.h), checked against Debian's linux-libc-dev 6.1 header.
@@ -311,82 +311,33 @@ impl Default for RrArgs {
     }
 }
 
-/// Sizes in configs may be written `msg = 12000` or `msg = "12KiB"`.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum SizeText {
-    Number(u64),
-    Text(String),
-}
-
-impl SizeText {
-    fn into_string(self) -> String {
-        match self {
-            SizeText::Number(n) => n.to_string(),
-            SizeText::Text(s) => s,
-        }
-    }
-}
-
-fn size_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    Ok(SizeText::deserialize(d)?.into_string())
-}
-
-fn opt_size_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    Ok(Option::<SizeText>::deserialize(d)?.map(SizeText::into_string))
-}
-
 /// Largest message fraglab sends or answers with.
 const MAX_MSG: u64 = 16 << 20;
 /// Most threads / clients / concurrent associations.
 const MAX_WORKERS: u64 = 4096;
 
-fn count(flag: &str, v: u64, max: u64) -> Result<usize> {
-    if v == 0 {
-        bail!("{flag} {v}: must be at least 1");
-    }
-    if v > max {
-        bail!("{flag} {v}: at most {max}");
-    }
-    Ok(v as usize)
-}
+/// The largest SO_SNDBUF / SO_RCVBUF asked for.
+const MAX_SOCKBUF: u64 = 1 << 30;
+/// SCTP's kinds word option errors `--flag value: why`.
+const SCTP: Wording = Wording::Sctp;
 
-fn duration(flag: &str, text: &str) -> Result<Duration> {
-    let d = parse_duration(text).map_err(|e| anyhow!("{flag} {text}: {e}"))?;
-    if d.is_zero() {
-        bail!("{flag} {text}: must be longer than zero");
+impl Common {
+    fn resolve(
+        style: Style,
+        peer: Option<&str>,
+        sndbuf: Option<&str>,
+        rcvbuf: Option<&str>,
+    ) -> Result<Common> {
+        let buf = |flag, text| -> Result<_> {
+            Ok(opts::sockbuf(SCTP, flag, text, MAX_SOCKBUF)?.map(|n| n as c_int))
+        };
+        Ok(Common {
+            style,
+            peer: opts::peer(SCTP, peer)?,
+            sndbuf: buf("--sndbuf", sndbuf)?,
+            rcvbuf: buf("--rcvbuf", rcvbuf)?,
+        })
     }
-    Ok(d)
-}
-
-fn msg_size(flag: &str, text: &str) -> Result<usize> {
-    let n = parse_size(text).map_err(|e| anyhow!("{flag} {text}: {e}"))?;
-    if n == 0 || n > MAX_MSG {
-        bail!("{flag} {text}: a message is 1 byte to 16 MiB");
-    }
-    Ok(n as usize)
-}
-
-fn buf_size(flag: &str, text: &Option<String>) -> Result<Option<c_int>> {
-    let Some(text) = text else { return Ok(None) };
-    let n = parse_size(text).map_err(|e| anyhow!("{flag} {text}: {e}"))?;
-    if n == 0 || n > 1 << 30 {
-        bail!("{flag} {text}: a socket buffer is 1 byte to 1 GiB");
-    }
-    Ok(Some(n as c_int))
-}
-
-fn peer(text: &Option<String>) -> Result<Option<SocketAddr>> {
-    let Some(text) = text else { return Ok(None) };
-    let addr = text
-        .to_socket_addrs()
-        .map_err(|e| anyhow!("--peer {text}: {e}; write HOST:PORT, e.g. 10.0.0.2:9000"))?
-        .next()
-        .ok_or_else(|| anyhow!("--peer {text}: the name has no address"))?;
-    if addr.port() == 0 {
-        bail!("--peer {text}: needs a port");
-    }
-    Ok(Some(addr))
 }
 
 /// Options shared by the three kinds once validated.
@@ -411,7 +362,7 @@ impl ConnectPlan {
         if a.associations == 0 {
             bail!("--associations 0: must be at least 1");
         }
-        let workers = count("--concurrency", a.concurrency, MAX_WORKERS)?;
+        let workers = opts::count(SCTP, "--concurrency", a.concurrency, MAX_WORKERS)?;
         if a.streams == 0 || a.streams > 65535 {
             bail!("--streams {}: must be 1 to 65535 (SCTP stream numbers are 16-bit)", a.streams);
         }
@@ -420,8 +371,8 @@ impl ConnectPlan {
             workers: workers.min(a.associations.min(MAX_WORKERS) as usize),
             streams: a.streams as u16,
             message_per_stream: a.message_per_stream,
-            timeout: duration("--timeout", &a.timeout)?,
-            common: Common { style: a.style, peer: peer(&a.peer)?, sndbuf: None, rcvbuf: None },
+            timeout: opts::duration(SCTP, "--timeout", &a.timeout)?,
+            common: Common::resolve(a.style, a.peer.as_deref(), None, None)?,
         })
     }
 }
@@ -436,15 +387,10 @@ struct StreamPlan {
 impl StreamPlan {
     fn resolve(a: &StreamArgs) -> Result<StreamPlan> {
         Ok(StreamPlan {
-            threads: count("--threads", a.threads, MAX_WORKERS)?,
-            duration: duration("--duration", &a.duration)?,
-            msg: msg_size("--msg", &a.msg)?,
-            common: Common {
-                style: a.style,
-                peer: peer(&a.peer)?,
-                sndbuf: buf_size("--sndbuf", &a.sndbuf)?,
-                rcvbuf: buf_size("--rcvbuf", &a.rcvbuf)?,
-            },
+            threads: opts::count(SCTP, "--threads", a.threads, MAX_WORKERS)?,
+            duration: opts::duration(SCTP, "--duration", &a.duration)?,
+            msg: opts::msg_size(SCTP, "--msg", &a.msg, MAX_MSG)?,
+            common: Common::resolve(a.style, a.peer.as_deref(), a.sndbuf.as_deref(), a.rcvbuf.as_deref())?,
         })
     }
 }
@@ -460,11 +406,11 @@ struct RrPlan {
 impl RrPlan {
     fn resolve(a: &RrArgs) -> Result<RrPlan> {
         Ok(RrPlan {
-            clients: count("--clients", a.clients, MAX_WORKERS)?,
-            duration: duration("--duration", &a.duration)?,
-            req: msg_size("--req", &a.req)?,
-            resp: msg_size("--resp", &a.resp)?,
-            common: Common { style: a.style, peer: peer(&a.peer)?, sndbuf: None, rcvbuf: None },
+            clients: opts::count(SCTP, "--clients", a.clients, MAX_WORKERS)?,
+            duration: opts::duration(SCTP, "--duration", &a.duration)?,
+            req: opts::msg_size(SCTP, "--req", &a.req, MAX_MSG)?,
+            resp: opts::msg_size(SCTP, "--resp", &a.resp, MAX_MSG)?,
+            common: Common::resolve(a.style, a.peer.as_deref(), None, None)?,
         })
     }
 }

@@ -28,23 +28,24 @@
 //! merged after the workers have been joined.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 
+use super::opts::{self, opt_size_text, size_text, Wording};
 use super::result::{
     latency_histogram, wall_now, Cpu, CpuSample, ErrnoCount, Errors, Latency, Rusage, Spread, WorkloadResult,
 };
-use crate::units::{format_size, parse_duration, parse_size};
+use crate::units::format_size;
 
 /// Length of the header line every connection opens with.
 pub const HEADER_LEN: usize = 64;
@@ -59,7 +60,9 @@ const SERVER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Pause after a failed connect before a worker tries again.
 const RETRY_PAUSE: Duration = Duration::from_millis(10);
 /// Upper bound for --threads / --clients.
-const MAX_WORKERS: usize = 4096;
+const MAX_WORKERS: u64 = 4096;
+/// TCP's kinds word option errors `--flag: why`.
+const TCP: Wording = Wording::Tcp;
 /// Upper bound for --msg / --req / --resp.
 const MAX_MSG: u64 = 64 << 20;
 /// Largest --sndbuf / --rcvbuf (an int the kernel doubles).
@@ -175,31 +178,6 @@ impl Default for ServeArgs {
     }
 }
 
-/// Sizes in configs may be written `msg = 1452` or `msg = "64KiB"`.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum SizeText {
-    Number(u64),
-    Text(String),
-}
-
-impl SizeText {
-    fn into_string(self) -> String {
-        match self {
-            SizeText::Number(n) => n.to_string(),
-            SizeText::Text(s) => s,
-        }
-    }
-}
-
-fn size_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    Ok(SizeText::deserialize(d)?.into_string())
-}
-
-fn opt_size_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    Ok(Option::<SizeText>::deserialize(d)?.map(SizeText::into_string))
-}
-
 // ---------------------------------------------------------------------------------------------
 // Validation: every flag is checked before any socket is opened.
 
@@ -207,6 +185,15 @@ fn opt_size_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::E
 struct Bufs {
     snd: Option<usize>,
     rcv: Option<usize>,
+}
+
+impl Bufs {
+    fn resolve(snd: Option<&str>, rcv: Option<&str>) -> Result<Bufs> {
+        let check = |flag, text| -> Result<_> {
+            Ok(opts::sockbuf(TCP, flag, text, MAX_SOCKBUF)?.map(|n| n as usize))
+        };
+        Ok(Bufs { snd: check("--sndbuf", snd)?, rcv: check("--rcvbuf", rcv)? })
+    }
 }
 
 #[derive(Debug)]
@@ -228,74 +215,14 @@ struct RrPlan {
     peer: Option<SocketAddr>,
 }
 
-fn check_count(flag: &str, n: usize) -> Result<usize> {
-    if n == 0 {
-        bail!("{flag}: 0 is not allowed; give 1 or more");
-    }
-    if n > MAX_WORKERS {
-        bail!("{flag}: {n} is more than the {MAX_WORKERS} fraglab allows");
-    }
-    Ok(n)
-}
-
-fn check_duration(flag: &str, text: &str) -> Result<Duration> {
-    let d = parse_duration(text).map_err(|e| anyhow!("{flag}: {e}"))?;
-    if d.is_zero() {
-        bail!("{flag}: {text:?} is zero; give a positive duration like 10s");
-    }
-    Ok(d)
-}
-
-fn check_msg(flag: &str, text: &str) -> Result<usize> {
-    let n = parse_size(text).map_err(|e| anyhow!("{flag}: {e}"))?;
-    if n == 0 {
-        bail!("{flag}: {text:?} is 0 bytes; give at least 1 byte");
-    }
-    if n > MAX_MSG {
-        bail!("{flag}: {text:?} is more than {} per message", format_size(MAX_MSG));
-    }
-    Ok(n as usize)
-}
-
-fn check_buf(flag: &str, text: Option<&str>) -> Result<Option<usize>> {
-    let Some(text) = text else { return Ok(None) };
-    let n = parse_size(text).map_err(|e| anyhow!("{flag}: {e}"))?;
-    if n == 0 {
-        bail!("{flag}: {text:?} is 0 bytes; leave the flag out for the kernel's autotuning");
-    }
-    if n > MAX_SOCKBUF {
-        bail!("{flag}: {text:?} is more than {} (the kernel doubles an int)", format_size(MAX_SOCKBUF));
-    }
-    Ok(Some(n as usize))
-}
-
-fn resolve_addr(flag: &str, text: &str) -> Result<SocketAddr> {
-    text.to_socket_addrs()
-        .map_err(|e| anyhow!("{flag}: {text:?} is not HOST:PORT ({e})"))?
-        .next()
-        .ok_or_else(|| anyhow!("{flag}: {text:?} resolves to no address"))
-}
-
-fn check_peer(text: Option<&str>) -> Result<Option<SocketAddr>> {
-    let Some(text) = text else { return Ok(None) };
-    let a = resolve_addr("--peer", text)?;
-    if a.port() == 0 {
-        bail!("--peer: {text:?} has port 0; give the port `fraglab serve` printed");
-    }
-    Ok(Some(a))
-}
-
 impl StreamPlan {
     fn resolve(a: &StreamArgs) -> Result<StreamPlan> {
         Ok(StreamPlan {
-            threads: check_count("--threads", a.threads)?,
-            duration: check_duration("--duration", &a.duration)?,
-            msg: check_msg("--msg", &a.msg)?,
-            bufs: Bufs {
-                snd: check_buf("--sndbuf", a.sndbuf.as_deref())?,
-                rcv: check_buf("--rcvbuf", a.rcvbuf.as_deref())?,
-            },
-            peer: check_peer(a.peer.as_deref())?,
+            threads: opts::count(TCP, "--threads", a.threads as u64, MAX_WORKERS)?,
+            duration: opts::duration(TCP, "--duration", &a.duration)?,
+            msg: opts::msg_size(TCP, "--msg", &a.msg, MAX_MSG)?,
+            bufs: Bufs::resolve(a.sndbuf.as_deref(), a.rcvbuf.as_deref())?,
+            peer: opts::peer(TCP, a.peer.as_deref())?,
         })
     }
 }
@@ -303,15 +230,12 @@ impl StreamPlan {
 impl RrPlan {
     fn resolve(a: &RrArgs) -> Result<RrPlan> {
         Ok(RrPlan {
-            clients: check_count("--clients", a.clients)?,
-            duration: check_duration("--duration", &a.duration)?,
-            req: check_msg("--req", &a.req)?,
-            resp: check_msg("--resp", &a.resp)?,
-            bufs: Bufs {
-                snd: check_buf("--sndbuf", a.sndbuf.as_deref())?,
-                rcv: check_buf("--rcvbuf", a.rcvbuf.as_deref())?,
-            },
-            peer: check_peer(a.peer.as_deref())?,
+            clients: opts::count(TCP, "--clients", a.clients as u64, MAX_WORKERS)?,
+            duration: opts::duration(TCP, "--duration", &a.duration)?,
+            req: opts::msg_size(TCP, "--req", &a.req, MAX_MSG)?,
+            resp: opts::msg_size(TCP, "--resp", &a.resp, MAX_MSG)?,
+            bufs: Bufs::resolve(a.sndbuf.as_deref(), a.rcvbuf.as_deref())?,
+            peer: opts::peer(TCP, a.peer.as_deref())?,
         })
     }
 }
@@ -1308,8 +1232,8 @@ fn serve_rr(mut s: TcpStream, h: Header, sh: &Shared, scratch: &mut Vec<u8>) {
 
 /// `fraglab serve`: the server side for `--peer`, until SIGINT/SIGTERM or `--duration`.
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
-    let addr = resolve_addr("--listen", &a.listen)?;
-    let duration = a.duration.as_deref().map(|d| check_duration("--duration", d)).transpose()?;
+    let addr = opts::address(TCP, "--listen", &a.listen)?;
+    let duration = a.duration.as_deref().map(|d| opts::duration(TCP, "--duration", d)).transpose()?;
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&term)).context("installing a signal handler")?;
