@@ -171,7 +171,7 @@ fn pipeline(
                     break 'points;
                 }
                 phases.begin(&format!("workload {} {} #{iteration} {}", w.kind_name, point.label, index + 1));
-                let result = match crate::commands::workload::run_kind(&w.kind) {
+                let result = match crate::commands::workload::run_kind(&w.kind, &stop) {
                     Ok(r) => r,
                     Err(e) => {
                         let what = format!("{} at {} iteration {iteration}: {e:#}", w.kind_name, point.label);

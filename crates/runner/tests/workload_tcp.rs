@@ -6,10 +6,11 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use fraglab::workload::result::WorkloadResult;
-use fraglab::workload::tcp::{crr, rr, stream, RrArgs, StreamArgs};
+use fraglab::workload::tcp::{crr, crr_until, rr, rr_until, stream, stream_until, RrArgs, StreamArgs};
 use serde_json::Value;
 
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
@@ -221,6 +222,52 @@ fn crr_loopback_one_connection_per_transaction() {
     // The transaction's latency includes its connect.
     assert!(connect["p50"].as_u64().unwrap() <= r.latency_us.as_ref().unwrap().p50);
     assert!(r.notes.iter().any(|n| n.contains("SO_LINGER 0")), "{:?}", r.notes);
+}
+
+/// `fraglab run`'s stop flag (raised by its SIGINT/SIGTERM/SIGHUP handler) ends a 60 s workload of each
+/// kind within a fraction of a second, with what it measured so far and a result that says so.
+#[test]
+fn the_run_stop_flag_ends_every_kind_early_and_honestly() {
+    type Until = fn(&AtomicBool) -> WorkloadResult;
+    let kinds: [(&str, Until); 3] = [
+        ("tcp-stream", |stop| stream_until(&stream_args(2, "60s"), stop).unwrap()),
+        ("tcp-rr", |stop| rr_until(&rr_args(2, "60s"), stop).unwrap()),
+        ("tcp-crr", |stop| crr_until(&rr_args(2, "60s"), stop).unwrap()),
+    ];
+    for (kind, run) in kinds {
+        let stop = AtomicBool::new(false);
+        let (r, raised_for) = std::thread::scope(|s| {
+            let raiser = s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(500));
+                stop.store(true, Ordering::Relaxed);
+                Instant::now()
+            });
+            let r = run(&stop);
+            (r, raiser.join().unwrap().elapsed())
+        });
+        eprintln!("{kind}: returned {raised_for:?} after the flag; duration_s {:.3}", r.duration_s);
+        // From the flag to the result: the 10 ms poll, the workers' last operations, the receivers'
+        // counts and the in-process server's stop.
+        assert!(raised_for < Duration::from_millis(500), "{kind}: returned {raised_for:?} after the flag");
+        assert_eq!(r.kind, kind);
+        assert_clean(&r);
+        assert!(r.ok > 0, "{kind}: it ran until stopped: {r:#?}");
+        assert!((0.4..1.5).contains(&r.duration_s), "{kind}: the real duration, not 60 s: {}", r.duration_s);
+        assert_eq!(r.details["stopped_by_signal"], true, "{kind}");
+        let note = r.notes.iter().find(|n| n.starts_with("stopped by a signal after ")).expect("the note");
+        assert!(note.ends_with(" s of the 60s asked for"), "{kind}: {note}");
+        let rate = r.ops_per_sec.unwrap();
+        assert!(
+            (rate - r.ok as f64 / r.duration_s).abs() < 1e-6 * rate,
+            "{kind}: rates over the real window"
+        );
+        if kind == "tcp-stream" {
+            assert_eq!(detail(&r, "receiver_bytes"), r.bytes, "every byte sent before the stop arrived");
+        }
+    }
+    // Not raised: no note, no detail.
+    let r = stream_until(&stream_args(1, "200ms"), &AtomicBool::new(false)).unwrap();
+    assert!(!r.details.contains_key("stopped_by_signal") && !r.notes.iter().any(|n| n.contains("stopped")));
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `fraglab workload KIND`: run one workload, print its result.
 
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
 
 use anyhow::Result;
 
@@ -10,7 +11,10 @@ use crate::workload::result::WorkloadResult;
 use crate::workload::{exec, sctp, tcp, trigger, Kind};
 
 pub fn run(args: WorkloadArgs) -> Result<ExitCode> {
-    let result = match run_kind(&args.kind) {
+    // Standalone, a signal keeps its own meaning: the default (fraglab dies at once) for the socket
+    // workloads, forwarded then re-raised for exec, deferred until the sysctls are back for triggers.
+    // Nothing raises this flag.
+    let result = match run_kind(&args.kind, &AtomicBool::new(false)) {
         Ok(r) => r,
         Err(e) if e.downcast_ref::<crate::workload::Unsupported>().is_some() => {
             eprintln!("fraglab: {e:#}");
@@ -27,16 +31,22 @@ pub fn run(args: WorkloadArgs) -> Result<ExitCode> {
 }
 
 /// Run one workload of any kind: what `fraglab run` calls for each `[[workload]]`.
-pub fn run_kind(kind: &Kind) -> Result<WorkloadResult> {
+///
+/// `stop` is the run's stop flag, which its SIGINT/SIGTERM/SIGHUP handler raises. Every kind looks at
+/// it where it loops and returns promptly with what it measured so far, the result saying so
+/// (`details.stopped_by_signal`, a note "stopped by a signal after ..."): the socket kinds within
+/// about 10 ms plus one blocked call, triggers before their next call (with the sysctls they raised
+/// put back), exec by stopping its command's process group as on a timeout.
+pub fn run_kind(kind: &Kind, stop: &AtomicBool) -> Result<WorkloadResult> {
     match kind {
-        Kind::SctpConnect(a) => sctp::connect(a),
-        Kind::SctpStream(a) => sctp::stream(a),
-        Kind::SctpRr(a) => sctp::rr(a),
-        Kind::TcpStream(a) => tcp::stream(a),
-        Kind::TcpRr(a) => tcp::rr(a),
-        Kind::TcpCrr(a) => tcp::crr(a),
-        Kind::Trigger(k) => trigger::run(k),
-        Kind::Exec(a) => exec::run(a),
+        Kind::SctpConnect(a) => sctp::connect_until(a, stop),
+        Kind::SctpStream(a) => sctp::stream_until(a, stop),
+        Kind::SctpRr(a) => sctp::rr_until(a, stop),
+        Kind::TcpStream(a) => tcp::stream_until(a, stop),
+        Kind::TcpRr(a) => tcp::rr_until(a, stop),
+        Kind::TcpCrr(a) => tcp::crr_until(a, stop),
+        Kind::Trigger(k) => trigger::run(k, stop),
+        Kind::Exec(a) => exec::run(a, stop),
     }
 }
 

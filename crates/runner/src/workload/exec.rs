@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -99,7 +100,9 @@ fn resolve(args: &ExecArgs) -> Result<(std::time::Duration, usize, &String, &[St
     Ok((timeout, keep as usize, program, rest))
 }
 
-pub fn run(args: &ExecArgs) -> Result<WorkloadResult> {
+/// Run the command. When `stop` (the run's stop flag: a signal to `fraglab run`, taken by its handler)
+/// is raised, the command's group is stopped as on a timeout and the result says so.
+pub fn run(args: &ExecArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     // Validate everything before starting anything.
     let (timeout, keep, program, rest) = resolve(args)?;
     let params = serde_json::to_value(args)?;
@@ -135,7 +138,8 @@ pub fn run(args: &ExecArgs) -> Result<WorkloadResult> {
     let deadline = start + timeout;
     let mut timed_out = false;
     let mut interrupted = None;
-    let mut stop = Stop::Running;
+    let mut stopped = false;
+    let mut stopping = Stop::Running;
     let (status, usage) = loop {
         match done_rx.recv_timeout(Duration::from_millis(20)) {
             Ok(r) => break r.context("wait4 on the command failed")?,
@@ -143,21 +147,23 @@ pub fn run(args: &ExecArgs) -> Result<WorkloadResult> {
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
         let now = Instant::now();
-        match stop {
+        match stopping {
             Stop::Running => {
                 if now >= deadline {
                     timed_out = true;
                 } else if let Some(sig) = signals.pending() {
                     interrupted = Some(sig);
+                } else if stop.load(Ordering::Relaxed) {
+                    stopped = true;
                 }
-                if timed_out || interrupted.is_some() {
+                if timed_out || interrupted.is_some() || stopped {
                     kill_group(pid, libc::SIGTERM);
-                    stop = Stop::Terminating(now + KILL_GRACE);
+                    stopping = Stop::Terminating(now + KILL_GRACE);
                 }
             }
             Stop::Terminating(kill_at) if now >= kill_at => {
                 kill_group(pid, libc::SIGKILL);
-                stop = Stop::Killed;
+                stopping = Stop::Killed;
             }
             Stop::Terminating(_) | Stop::Killed => {}
         }
@@ -218,9 +224,6 @@ pub fn run(args: &ExecArgs) -> Result<WorkloadResult> {
             KILL_GRACE.as_secs()
         ));
     }
-    if let Some(sig) = interrupted {
-        notes.push(format!("fraglab got {}: forwarded to the command's process group", signal_name(sig)));
-    }
     if errors.total() > 0 {
         notes.push(
             "errors are lines of the command's output naming ENOMEM/ENOBUFS (\"Cannot allocate memory\", \
@@ -234,7 +237,7 @@ pub fn run(args: &ExecArgs) -> Result<WorkloadResult> {
             .into(),
     );
 
-    Ok(WorkloadResult {
+    let mut result = WorkloadResult {
         kind: "exec".into(),
         params,
         started,
@@ -251,7 +254,18 @@ pub fn run(args: &ExecArgs) -> Result<WorkloadResult> {
         rusage: usage,
         details,
         notes,
-    })
+    };
+    // Under `fraglab run` the run's handler takes the signal on another thread and raises `stop`, but
+    // this thread may see it pending first: the same stop either way.
+    if stopped || interrupted.is_some() {
+        let by = interrupted.map_or_else(String::new, |sig| format!(" ({} to fraglab)", signal_name(sig)));
+        result.mark_stopped(format_args!(
+            "{:.1} s{by}: SIGTERM to the command's process group, SIGKILL {} s later if still running",
+            duration.as_secs_f64(),
+            KILL_GRACE.as_secs()
+        ));
+    }
+    Ok(result)
 }
 
 /// How far stopping the command has gone.
@@ -357,7 +371,8 @@ fn kill_group(pgid: libc::pid_t, sig: libc::c_int) {
     }
 }
 
-fn signal_name(sig: libc::c_int) -> String {
+/// `SIGINT`, or `signal N` for a number nix does not name.
+pub(crate) fn signal_name(sig: libc::c_int) -> String {
     nix::sys::signal::Signal::try_from(sig)
         .map_or_else(|_| format!("signal {sig}"), |s| s.as_str().to_string())
 }
@@ -365,6 +380,7 @@ fn signal_name(sig: libc::c_int) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn recognises_allocation_failures() {
@@ -376,6 +392,70 @@ mod tests {
         );
         assert_eq!(errnos_in("ENOMEM and ENOBUFS"), vec![libc::ENOMEM, libc::ENOBUFS]);
         assert!(errnos_in("all good").is_empty());
+    }
+
+    #[test]
+    fn the_run_stop_flag_stops_the_command_group() {
+        let stop = AtomicBool::new(false);
+        let args = ExecArgs {
+            timeout: "60s".into(),
+            keep_output: "64KiB".into(),
+            // The shell's child must go too: the group is signalled, not just the shell.
+            command: ["sh", "-c", "sleep 60 & echo started; wait"].map(String::from).to_vec(),
+        };
+        let t = Instant::now();
+        let r = thread::scope(|s| {
+            s.spawn(|| {
+                thread::sleep(Duration::from_millis(300));
+                stop.store(true, Ordering::Relaxed);
+            });
+            run(&args, &stop).unwrap()
+        });
+        assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+        assert_eq!(r.failed, 1);
+        assert_eq!(r.details["signal"], "SIGTERM");
+        assert_eq!(r.details["timed_out"], false);
+        assert_eq!(r.details["stopped_by_signal"], true);
+        assert!(r.duration_s < 2.0, "{}", r.duration_s);
+        let note = r.notes.last().unwrap();
+        assert!(note.starts_with("stopped by a signal after 0.") && note.contains("SIGTERM"), "{note}");
+        assert!(!r.notes.iter().any(|n| n.contains("left behind")), "{:?}", r.notes);
+    }
+
+    /// Under `fraglab run` a signal may be seen pending on the workload's thread (which defers it)
+    /// before the run's handler takes it: the command is stopped and the result says so just the same.
+    /// A thread-directed SIGHUP to that thread makes this certain; a handler, as `fraglab run`
+    /// installs, receives it once the mask comes back.
+    #[test]
+    fn a_signal_pending_on_the_workload_thread_stops_it_too() {
+        let handled = Arc::new(AtomicBool::new(false));
+        signal_hook::flag::register(libc::SIGHUP, Arc::clone(&handled)).unwrap();
+        let args = ExecArgs {
+            timeout: "60s".into(),
+            keep_output: "64KiB".into(),
+            command: ["sleep", "60"].map(String::from).to_vec(),
+        };
+        let tid = std::sync::atomic::AtomicI32::new(0);
+        let r = thread::scope(|s| {
+            s.spawn(|| {
+                thread::sleep(Duration::from_millis(300));
+                // SAFETY: tgkill to a thread of this process that is alive (it runs the command).
+                unsafe {
+                    libc::syscall(libc::SYS_tgkill, libc::getpid(), tid.load(Ordering::SeqCst), libc::SIGHUP)
+                };
+            });
+            // SAFETY: gettid has no preconditions.
+            tid.store(unsafe { libc::gettid() }, Ordering::SeqCst);
+            run(&args, &AtomicBool::new(false)).unwrap()
+        });
+        assert!(handled.load(Ordering::SeqCst), "the deferred SIGHUP reached the handler afterwards");
+        assert_eq!(r.details["signal"], "SIGTERM");
+        assert_eq!(r.details["stopped_by_signal"], true);
+        let note = r.notes.last().unwrap();
+        assert!(
+            note.starts_with("stopped by a signal after 0.") && note.contains("(SIGHUP to fraglab)"),
+            "{note}"
+        );
     }
 
     #[test]

@@ -48,6 +48,19 @@ pub struct WorkloadResult {
 }
 
 impl WorkloadResult {
+    /// A result naming its kind, options and start, every measurement still empty.
+    pub fn new(kind: &str, params: serde_json::Value, started: String) -> Self {
+        WorkloadResult { kind: kind.into(), params, started, ..Default::default() }
+    }
+
+    /// Record that the run's stop flag — SIGINT, SIGTERM or SIGHUP to `fraglab run` — ended this
+    /// workload early: `details.stopped_by_signal = true` and the note `stopped by a signal after
+    /// {how_far}` (e.g. `1.0 s of the 60s asked for`). `duration_s` stays what was measured.
+    pub fn mark_stopped(&mut self, how_far: impl std::fmt::Display) {
+        self.details.insert("stopped_by_signal".into(), serde_json::Value::Bool(true));
+        self.notes.push(format!("stopped by a signal after {how_far}"));
+    }
+
     /// Count of failures with errno `name` (`ENOMEM`).
     pub fn errno_count(&self, name: &str) -> u64 {
         self.errors.iter().filter(|e| e.errno == name).map(|e| e.count).sum()

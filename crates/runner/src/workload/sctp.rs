@@ -1147,16 +1147,23 @@ fn micros(d: Duration) -> u64 {
 }
 
 /// Start phase shared by sctp-stream and sctp-rr: every worker sets its association up, then the
-/// clock starts for all at once.
-struct Gate {
+/// clock starts for all at once. Workers end at the deadline, or earlier when the run's stop flag is
+/// raised.
+struct Gate<'a> {
     ready: Barrier,
     go: Barrier,
     deadline: Mutex<Option<Instant>>,
+    stop: &'a AtomicBool,
 }
 
-impl Gate {
-    fn new(workers: usize) -> Gate {
-        Gate { ready: Barrier::new(workers + 1), go: Barrier::new(workers + 1), deadline: Mutex::new(None) }
+impl<'a> Gate<'a> {
+    fn new(workers: usize, stop: &'a AtomicBool) -> Gate<'a> {
+        Gate {
+            ready: Barrier::new(workers + 1),
+            go: Barrier::new(workers + 1),
+            deadline: Mutex::new(None),
+            stop,
+        }
     }
 
     /// Worker side: wait for the start, return the deadline.
@@ -1173,6 +1180,11 @@ impl Gate {
         *self.deadline.lock().unwrap() = Some(start + run);
         self.go.wait();
         start
+    }
+
+    /// Whether the run's stop flag has been raised (a relaxed load, once per operation).
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
     }
 }
 
@@ -1199,6 +1211,123 @@ impl WorkerOut {
     }
 }
 
+/// The measured part of a stream/rr worker: wait at the gate, then repeat `op` on the association
+/// until the deadline or the stop flag. `op` returns the payload bytes of one operation, or `None`
+/// when it only timed out so the loop can look at the clock. A failure is counted; ENOMEM/ENOBUFS
+/// are retried after 1 ms, anything else ends the worker. A client that could not be set up counts
+/// one failure.
+fn timed_loop(
+    t0: Instant,
+    gate: &Gate,
+    client: io::Result<Client>,
+    mut op: impl FnMut(&Client) -> io::Result<Option<u64>>,
+) -> WorkerOut {
+    let mut out = WorkerOut::new(t0);
+    let end = gate.worker_wait();
+    let client = match client {
+        Ok(c) => c,
+        Err(e) => {
+            out.failed += 1;
+            out.errors.record(&e);
+            return out;
+        }
+    };
+    let start = Instant::now();
+    loop {
+        let t = Instant::now();
+        if t >= end || gate.stopped() {
+            break;
+        }
+        match op(&client) {
+            Ok(Some(n)) => {
+                out.ok += 1;
+                out.bytes += n;
+                out.latency.saturating_record(micros(t.elapsed()));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                out.failed += 1;
+                out.errors.record(&e);
+                if !transient(&e) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    out.elapsed = start.elapsed();
+    out
+}
+
+/// What the workers of sctp-stream or sctp-rr did, and over which window.
+struct Timed {
+    outs: Vec<WorkerOut>,
+    /// From the gate opening to every worker joined.
+    elapsed: Duration,
+    /// The duration asked for.
+    duration: Duration,
+    cpu0: Option<CpuSample>,
+    ru0: Rusage,
+    /// The run's stop flag ended the workers before `duration`.
+    stopped: bool,
+}
+
+impl Timed {
+    /// Run `n` workers: each sets its association up and runs [`timed_loop`] from the gate; the clock
+    /// starts once all are set up and runs `duration`, or until `stop` is raised.
+    fn run(
+        n: usize,
+        duration: Duration,
+        stop: &AtomicBool,
+        work: impl Fn(&Gate) -> WorkerOut + Sync,
+    ) -> Timed {
+        let gate = Gate::new(n, stop);
+        let (outs, start, cpu0, ru0) = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..n).map(|_| s.spawn(|| work(&gate))).collect();
+            let ru0 = Rusage::now();
+            let cpu0 = CpuSample::now().ok();
+            let start = gate.start(duration);
+            let outs: Vec<WorkerOut> =
+                hs.into_iter().map(|h| h.join().expect("sctp worker panicked")).collect();
+            (outs, start, cpu0, ru0)
+        });
+        let elapsed = start.elapsed();
+        let stopped = elapsed < duration && stop.load(Ordering::Relaxed);
+        Timed { outs, elapsed, duration, cpu0, ru0, stopped }
+    }
+
+    /// The fields sctp-stream and sctp-rr fill alike. `rate`: one worker's rate, for `per_worker`;
+    /// `cpu_bytes(ok, bytes)`: the bytes CPU service demand is counted over.
+    fn into_result(
+        self,
+        kind: &str,
+        params: Value,
+        started: String,
+        t0: Instant,
+        rate: impl Fn(&WorkerOut) -> f64,
+        cpu_bytes: impl Fn(u64, u64) -> u64,
+    ) -> WorkloadResult {
+        let rates: Vec<f64> = self.outs.iter().map(rate).collect();
+        let (ok, failed, bytes, errors, h) = merge(self.outs, t0);
+        let mut r = WorkloadResult::new(kind, params, started);
+        r.cpu = self.cpu0.and_then(|c| Some(c.until(&CpuSample::now().ok()?, cpu_bytes(ok, bytes))));
+        r.rusage = Rusage::now().since(&self.ru0);
+        r.duration_s = self.elapsed.as_secs_f64();
+        r.ok = ok;
+        r.failed = failed;
+        r.bytes = bytes;
+        r.ops_per_sec = Some(ok as f64 / r.duration_s.max(1e-9));
+        r.per_worker = Spread::of(&rates);
+        r.latency_us = Latency::of(&h);
+        r.errors = errors.into_vec();
+        if self.stopped {
+            let asked = humantime::format_duration(self.duration);
+            r.mark_stopped(format_args!("{:.1} s of the {asked} asked for", self.elapsed.as_secs_f64()));
+        }
+        r
+    }
+}
+
 /// Merge worker results into the shared fields of a result.
 fn merge(outs: Vec<WorkerOut>, t0: Instant) -> (u64, u64, u64, Errors, Histogram<u64>) {
     let mut errors = Errors::new(t0);
@@ -1214,10 +1343,6 @@ fn merge(outs: Vec<WorkerOut>, t0: Instant) -> (u64, u64, u64, Errors, Histogram
     (ok, failed, bytes, errors, h)
 }
 
-fn result_base(kind: &str, params: Value, started: String) -> WorkloadResult {
-    WorkloadResult { kind: kind.into(), params, started, ..Default::default() }
-}
-
 // ---------------------------------------------------------------------------------------------
 // sctp-connect
 // ---------------------------------------------------------------------------------------------
@@ -1230,6 +1355,8 @@ struct Up {
     status: Option<SctpStatus>,
     messages_ok: u64,
     messages_failed: u64,
+    /// The stop flag ended its per-stream messages early.
+    stopped: bool,
 }
 
 #[derive(Default)]
@@ -1244,10 +1371,13 @@ struct ConnectWorker {
     latency: Option<Histogram<u64>>,
     /// The lowest-numbered association that came up, with its SCTP_STATUS.
     first: Option<(u64, SctpStatus)>,
+    /// The stop flag left associations untried or messages unsent.
+    stopped: bool,
 }
 
-/// Set one association up, read its status, send its per-stream messages; closed on return.
-fn associate(p: &ConnectPlan, addr: &SocketAddr, errors: &mut Errors) -> io::Result<Up> {
+/// Set one association up, read its status, send its per-stream messages (until `stop` is raised);
+/// closed on return.
+fn associate(p: &ConnectPlan, addr: &SocketAddr, errors: &mut Errors, stop: &AtomicBool) -> io::Result<Up> {
     let timed_out = |e: io::Error| if would_block(&e) { errno(libc::ETIMEDOUT) } else { e };
     let style = p.common.style;
     let sock = Sock::for_addr(addr, style)?;
@@ -1294,9 +1424,14 @@ fn associate(p: &ConnectPlan, addr: &SocketAddr, errors: &mut Errors) -> io::Res
             None
         }
     };
-    let (mut messages_ok, mut messages_failed) = (0, 0);
+    let (mut messages_ok, mut messages_failed, mut stopped) = (0, 0, false);
     if p.message_per_stream {
         for sid in 0..outbound {
+            // 65535 messages take seconds, more than a minute under TCG: a stopped run does not wait.
+            if stop.load(Ordering::Relaxed) {
+                stopped = true;
+                break;
+            }
             match sock.send(b"m", sid, 0, assoc_id, None) {
                 Ok(_) => messages_ok += 1,
                 Err(e) => {
@@ -1311,10 +1446,16 @@ fn associate(p: &ConnectPlan, addr: &SocketAddr, errors: &mut Errors) -> io::Res
             }
         }
     }
-    Ok(Up { latency, instrms: inbound, outstrms: outbound, status, messages_ok, messages_failed })
+    Ok(Up { latency, instrms: inbound, outstrms: outbound, status, messages_ok, messages_failed, stopped })
 }
 
-fn connect_worker(p: &ConnectPlan, addr: &SocketAddr, next: &AtomicU64, t0: Instant) -> ConnectWorker {
+fn connect_worker(
+    p: &ConnectPlan,
+    addr: &SocketAddr,
+    next: &AtomicU64,
+    t0: Instant,
+    stop: &AtomicBool,
+) -> ConnectWorker {
     let mut w = ConnectWorker::default();
     let mut errors = Errors::new(t0);
     let mut h = latency_histogram();
@@ -1324,11 +1465,16 @@ fn connect_worker(p: &ConnectPlan, addr: &SocketAddr, next: &AtomicU64, t0: Inst
         if i >= p.n {
             break;
         }
-        match associate(p, addr, &mut errors) {
+        if stop.load(Ordering::Relaxed) {
+            w.stopped = true;
+            break;
+        }
+        match associate(p, addr, &mut errors, stop) {
             Ok(up) => {
                 w.ok += 1;
                 h.saturating_record(micros(up.latency));
                 w.messages_ok += up.messages_ok;
+                w.stopped |= up.stopped;
                 w.messages_failed += up.messages_failed;
                 if up.instrms < p.streams || up.outstrms < p.streams {
                     w.fewer_streams += 1;
@@ -1381,7 +1527,6 @@ fn status_details(details: &mut BTreeMap<String, Value>, index: u64, s: &SctpSta
         .insert("sstat_primary".into(), json!({ "srtt_ms": srtt, "rto_ms": rto, "mtu": mtu, "cwnd": cwnd }));
 }
 
-/// `fraglab workload sctp-connect`: set up N associations with up to 65535 streams each.
 /// Check options without opening a socket: what `fraglab run` does before it fragments.
 pub fn validate(kind: &super::Kind) -> Result<()> {
     match kind {
@@ -1392,7 +1537,14 @@ pub fn validate(kind: &super::Kind) -> Result<()> {
     }
 }
 
+/// `fraglab workload sctp-connect`: set up N associations with up to 65535 streams each.
 pub fn connect(a: &ConnectArgs) -> Result<WorkloadResult> {
+    connect_until(a, &AtomicBool::new(false))
+}
+
+/// [`connect`], ended early when `stop` (the run's stop flag) is raised: no association is started
+/// after it, and one sending its per-stream messages stops sending.
+pub fn connect_until(a: &ConnectArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = ConnectPlan::resolve(a)?;
     check_sctp()?;
     let started = wall_now();
@@ -1402,7 +1554,8 @@ pub fn connect(a: &ConnectArgs) -> Result<WorkloadResult> {
     let t0 = Instant::now();
     let next = AtomicU64::new(0);
     let workers: Vec<ConnectWorker> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..p.workers).map(|_| s.spawn(|| connect_worker(&p, &addr, &next, t0))).collect();
+        let hs: Vec<_> =
+            (0..p.workers).map(|_| s.spawn(|| connect_worker(&p, &addr, &next, t0, stop))).collect();
         hs.into_iter().map(|h| h.join().expect("connect worker panicked")).collect()
     });
     let elapsed = t0.elapsed();
@@ -1411,11 +1564,13 @@ pub fn connect(a: &ConnectArgs) -> Result<WorkloadResult> {
 
     let mut errors = Errors::new(t0);
     let mut h = latency_histogram();
-    let mut r = result_base("sctp-connect", serde_json::to_value(a)?, started);
+    let mut r = WorkloadResult::new("sctp-connect", serde_json::to_value(a)?, started);
     let (mut messages_ok, mut messages_failed, mut fewer) = (0, 0, 0);
     let mut first: Option<(u64, SctpStatus)> = None;
     let mut rates = Vec::new();
+    let mut stopped = false;
     for w in workers {
+        stopped |= w.stopped;
         r.ok += w.ok;
         r.failed += w.failed;
         messages_ok += w.messages_ok;
@@ -1467,6 +1622,14 @@ pub fn connect(a: &ConnectArgs) -> Result<WorkloadResult> {
     if r.errno_count("ECONNREFUSED") > 0 && p.common.style == Style::OneToMany {
         r.notes.push("ECONNREFUSED: SCTP_CANT_STR_ASSOC or SCTP_COMM_LOST while setting up".into());
     }
+    if stopped {
+        r.mark_stopped(format_args!(
+            "{:.1} s, {} of {} associations tried",
+            elapsed.as_secs_f64(),
+            r.ok + r.failed,
+            p.n
+        ));
+    }
     r.rusage = Rusage::now().since(&ru0);
     Ok(r)
 }
@@ -1476,86 +1639,37 @@ pub fn connect(a: &ConnectArgs) -> Result<WorkloadResult> {
 // ---------------------------------------------------------------------------------------------
 
 fn stream_worker(p: &StreamPlan, addr: SocketAddr, gate: &Gate, t0: Instant) -> WorkerOut {
-    let mut out = WorkerOut::new(t0);
     let msg = vec![0x5au8; p.msg];
     // One-to-many: the association comes up with an unmeasured first message, before the clock.
     let client = open_client(&p.common, addr, false)
         .and_then(|c| if c.to.is_some() { c.send(&msg, 0, 0).map(|_| c) } else { Ok(c) })
         .and_then(|c| c.sock.set_timeout(libc::SO_SNDTIMEO, Duration::from_millis(250)).map(|_| c));
-    let end = gate.worker_wait();
-    let client = match client {
-        Ok(c) => c,
-        Err(e) => {
-            out.failed += 1;
-            out.errors.record(&e);
-            return out;
-        }
-    };
-    let start = Instant::now();
-    loop {
-        let t = Instant::now();
-        if t >= end {
-            break;
-        }
-        match client.send(&msg, 0, 0) {
-            Ok(n) => {
-                out.ok += 1;
-                out.bytes += n as u64;
-                out.latency.saturating_record(micros(t.elapsed()));
-            }
-            // The send timeout only lets the loop look at the clock.
-            Err(e) if would_block(&e) => {}
-            Err(e) => {
-                out.failed += 1;
-                out.errors.record(&e);
-                if !transient(&e) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    }
-    out.elapsed = start.elapsed();
-    out
+    timed_loop(t0, gate, client, |c| match c.send(&msg, 0, 0) {
+        Ok(n) => Ok(Some(n as u64)),
+        // The send timeout only lets the loop look at the clock.
+        Err(e) if would_block(&e) => Ok(None),
+        Err(e) => Err(e),
+    })
 }
 
 /// `fraglab workload sctp-stream`: like `netperf -t SCTP_STREAM -- -m 12000`.
 pub fn stream(a: &StreamArgs) -> Result<WorkloadResult> {
+    stream_until(a, &AtomicBool::new(false))
+}
+
+/// [`stream`], ended early when `stop` (the run's stop flag) is raised.
+pub fn stream_until(a: &StreamArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = StreamPlan::resolve(a)?;
     check_sctp()?;
     let started = wall_now();
     let t0 = Instant::now();
     let (server, addr) = server_for(&p.common, None, false)?;
-    let gate = Gate::new(p.threads);
-    let (outs, start, cpu0, ru0) = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..p.threads).map(|_| s.spawn(|| stream_worker(&p, addr, &gate, t0))).collect();
-        let ru0 = Rusage::now();
-        let cpu0 = CpuSample::now().ok();
-        let start = gate.start(p.duration);
-        let outs: Vec<WorkerOut> =
-            hs.into_iter().map(|h| h.join().expect("stream worker panicked")).collect();
-        (outs, start, cpu0, ru0)
-    });
-    let elapsed = start.elapsed();
-    let rates: Vec<f64> =
-        outs.iter().map(|o| o.bytes as f64 * 8.0 / 1e6 / o.elapsed.as_secs_f64().max(1e-9)).collect();
-    let (ok, failed, bytes, errors, h) = merge(outs, t0);
-    let cpu = cpu0.and_then(|c| Some(c.until(&CpuSample::now().ok()?, bytes)));
-    let ru = Rusage::now().since(&ru0);
+    let run = Timed::run(p.threads, p.duration, stop, |gate| stream_worker(&p, addr, gate, t0));
+    let mbit = |o: &WorkerOut| o.bytes as f64 * 8.0 / 1e6 / o.elapsed.as_secs_f64().max(1e-9);
+    let mut r = run.into_result("sctp-stream", serde_json::to_value(a)?, started, t0, mbit, |_, bytes| bytes);
     let report = server.map(Server::stop);
 
-    let mut r = result_base("sctp-stream", serde_json::to_value(a)?, started);
-    r.duration_s = elapsed.as_secs_f64();
-    r.ok = ok;
-    r.failed = failed;
-    r.bytes = bytes;
-    r.throughput_mbit = Some(bytes as f64 * 8.0 / 1e6 / r.duration_s.max(1e-9));
-    r.ops_per_sec = Some(ok as f64 / r.duration_s.max(1e-9));
-    r.per_worker = Spread::of(&rates);
-    r.latency_us = Latency::of(&h);
-    r.cpu = cpu;
-    r.errors = errors.into_vec();
-    r.rusage = ru;
+    r.throughput_mbit = Some(r.bytes as f64 * 8.0 / 1e6 / r.duration_s.max(1e-9));
     let d = &mut r.details;
     d.insert("style".into(), json!(p.common.style.name()));
     d.insert("threads".into(), json!(p.threads));
@@ -1588,7 +1702,6 @@ pub fn stream(a: &StreamArgs) -> Result<WorkloadResult> {
 // ---------------------------------------------------------------------------------------------
 
 fn rr_worker(p: &RrPlan, addr: SocketAddr, gate: &Gate, t0: Instant) -> WorkerOut {
-    let mut out = WorkerOut::new(t0);
     let req = vec![0x5au8; p.req];
     let mut buf = vec![0u8; p.resp.clamp(4096, 256 << 10)];
     // One-to-many: the association comes up with an unmeasured first transaction, before the clock.
@@ -1599,81 +1712,33 @@ fn rr_worker(p: &RrPlan, addr: SocketAddr, gate: &Gate, t0: Instant) -> WorkerOu
             Ok(c)
         }
     });
-    let end = gate.worker_wait();
-    let client = match client {
-        Ok(c) => c,
-        Err(e) => {
-            out.failed += 1;
-            out.errors.record(&e);
-            return out;
-        }
-    };
-    let start = Instant::now();
-    loop {
-        let t = Instant::now();
-        if t >= end {
-            break;
-        }
-        match client.transact(&req, p.resp, &mut buf) {
-            Ok(()) => {
-                out.ok += 1;
-                out.bytes += p.req as u64;
-                out.latency.saturating_record(micros(t.elapsed()));
-            }
-            Err(e) => {
-                out.failed += 1;
-                out.errors.record(&e);
-                if !transient(&e) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    }
-    out.elapsed = start.elapsed();
-    out
+    timed_loop(t0, gate, client, |c| c.transact(&req, p.resp, &mut buf).map(|()| Some(p.req as u64)))
 }
 
 /// `fraglab workload sctp-rr`: like `netperf -t SCTP_RR`.
 pub fn rr(a: &RrArgs) -> Result<WorkloadResult> {
+    rr_until(a, &AtomicBool::new(false))
+}
+
+/// [`rr`], ended early when `stop` (the run's stop flag) is raised.
+pub fn rr_until(a: &RrArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = RrPlan::resolve(a)?;
     check_sctp()?;
     let started = wall_now();
     let t0 = Instant::now();
     let (server, addr) = server_for(&p.common, None, true)?;
-    let gate = Gate::new(p.clients);
-    let (outs, start, cpu0, ru0) = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..p.clients).map(|_| s.spawn(|| rr_worker(&p, addr, &gate, t0))).collect();
-        let ru0 = Rusage::now();
-        let cpu0 = CpuSample::now().ok();
-        let start = gate.start(p.duration);
-        let outs: Vec<WorkerOut> = hs.into_iter().map(|h| h.join().expect("rr worker panicked")).collect();
-        (outs, start, cpu0, ru0)
-    });
-    let elapsed = start.elapsed();
-    let rates: Vec<f64> = outs.iter().map(|o| o.ok as f64 / o.elapsed.as_secs_f64().max(1e-9)).collect();
-    let (ok, failed, bytes, errors, h) = merge(outs, t0);
-    let cpu = cpu0.and_then(|c| Some(c.until(&CpuSample::now().ok()?, bytes + ok * p.resp as u64)));
-    let ru = Rusage::now().since(&ru0);
+    let run = Timed::run(p.clients, p.duration, stop, |gate| rr_worker(&p, addr, gate, t0));
+    let tps = |o: &WorkerOut| o.ok as f64 / o.elapsed.as_secs_f64().max(1e-9);
+    let both_ways = |ok, bytes| bytes + ok * p.resp as u64;
+    let mut r = run.into_result("sctp-rr", serde_json::to_value(a)?, started, t0, tps, both_ways);
     let report = server.map(Server::stop);
 
-    let mut r = result_base("sctp-rr", serde_json::to_value(a)?, started);
-    r.duration_s = elapsed.as_secs_f64();
-    r.ok = ok;
-    r.failed = failed;
-    r.bytes = bytes;
-    r.ops_per_sec = Some(ok as f64 / r.duration_s.max(1e-9));
-    r.per_worker = Spread::of(&rates);
-    r.latency_us = Latency::of(&h);
-    r.cpu = cpu;
-    r.errors = errors.into_vec();
-    r.rusage = ru;
     let d = &mut r.details;
     d.insert("style".into(), json!(p.common.style.name()));
     d.insert("clients".into(), json!(p.clients));
     d.insert("req_bytes".into(), json!(p.req));
     d.insert("resp_bytes".into(), json!(p.resp));
-    d.insert("transactions".into(), json!(ok));
+    d.insert("transactions".into(), json!(r.ok));
     server_details(d, &p.common, addr, report);
     r.notes.push(
         "ok = transactions (request sent, whole response received); latency: one transaction; SCTP_NODELAY on \
@@ -1760,6 +1825,61 @@ mod tests {
         let ok = ConnectPlan::resolve(&ConnectArgs { associations: 3, concurrency: 8, ..Default::default() })
             .unwrap();
         assert_eq!((ok.workers, ok.streams), (3, 65535));
+    }
+
+    /// The timed machinery of sctp-stream and sctp-rr, without SCTP (this host has none): workers
+    /// stop on the run's flag long before the duration, and the result says so.
+    #[test]
+    fn timed_workers_stop_on_the_run_flag() {
+        let stop = AtomicBool::new(false);
+        let t0 = Instant::now();
+        let (run, took) = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                stop.store(true, Ordering::Relaxed);
+            });
+            let t = Instant::now();
+            let run = Timed::run(3, Duration::from_secs(60), &stop, |gate| {
+                // Any descriptor does: the operation below never uses it.
+                let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+                let client = Ok(Client { sock: Sock(fd), to: None });
+                timed_loop(t0, gate, client, |_| {
+                    std::thread::sleep(Duration::from_millis(1));
+                    Ok(Some(100))
+                })
+            });
+            (run, t.elapsed())
+        });
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        assert!(run.stopped);
+        let r = run.into_result("sctp-stream", json!({}), wall_now(), t0, |o| o.ok as f64, |_, b| b);
+        assert!(r.ok > 0 && r.bytes == 100 * r.ok && r.failed == 0, "{r:?}");
+        assert!(r.duration_s < 2.0);
+        assert_eq!(r.details["stopped_by_signal"], true);
+        let note = r.notes.last().unwrap();
+        assert!(
+            note.starts_with("stopped by a signal after 0.") && note.ends_with("of the 1m asked for"),
+            "{note}"
+        );
+
+        // Not raised: the full duration, no note; a client that could not be set up is one failure.
+        let run = Timed::run(2, Duration::from_millis(100), &AtomicBool::new(false), |gate| {
+            let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+            timed_loop(t0, gate, Ok(Client { sock: Sock(fd), to: None }), |_| {
+                std::thread::sleep(Duration::from_millis(1));
+                Ok(None)
+            })
+        });
+        assert!(!run.stopped && run.elapsed >= Duration::from_millis(100));
+        let r = run.into_result("sctp-rr", json!({}), wall_now(), t0, |o| o.ok as f64, |_, b| b);
+        assert_eq!((r.ok, r.failed), (0, 0));
+        assert!(!r.details.contains_key("stopped_by_signal") && r.notes.is_empty());
+        let run = Timed::run(2, Duration::from_secs(60), &AtomicBool::new(false), |gate| {
+            timed_loop(t0, gate, Err(errno(libc::ECONNREFUSED)), |_| Ok(None))
+        });
+        let r = run.into_result("sctp-rr", json!({}), wall_now(), t0, |o| o.ok as f64, |_, b| b);
+        assert_eq!((r.ok, r.failed, r.errors[0].errno.as_str()), (0, 2, "ECONNREFUSED"));
+        assert!(r.duration_s < 1.0 && !r.details.contains_key("stopped_by_signal"));
     }
 
     #[test]

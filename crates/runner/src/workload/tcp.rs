@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 
 use super::opts::{self, opt_size_text, size_text, Wording};
@@ -494,13 +494,21 @@ struct Driven<O> {
     rusage: Rusage,
     /// From the gate opening to every worker joined.
     wall: Duration,
+    /// The run's stop flag ended the workers before `duration`.
+    stopped: bool,
     /// Failures of the driver itself (a thread that could not be spawned).
     errors: Errors,
 }
 
 /// Spawn `n` workers running `work`, start them together once all have connected, stop them after
-/// `duration`, and join them.
-fn drive<O: Send>(n: usize, duration: Duration, t0: Instant, work: impl Fn(&Ctl) -> O + Sync) -> Driven<O> {
+/// `duration` — or as soon as `stop` (the run's stop flag) is raised — and join them.
+fn drive<O: Send>(
+    n: usize,
+    duration: Duration,
+    t0: Instant,
+    stop: &AtomicBool,
+    work: impl Fn(&Ctl) -> O + Sync,
+) -> Driven<O> {
     let ctl = Ctl { stop: AtomicBool::new(false), gate: Gate::new(), t0 };
     let mut errors = Errors::new(t0);
     std::thread::scope(|scope| {
@@ -516,13 +524,13 @@ fn drive<O: Send>(n: usize, duration: Duration, t0: Instant, work: impl Fn(&Ctl)
         let cpu0 = CpuSample::now().ok();
         let ru0 = Rusage::now();
         let start = Instant::now();
-        std::thread::sleep(duration);
+        let stopped = super::wait_or_stop(start + duration, stop);
         ctl.stop.store(true, Relaxed);
         let outs: Vec<O> = handles.into_iter().map(|h| h.join().expect("tcp worker panicked")).collect();
         let wall = start.elapsed();
         let rusage = Rusage::now().since(&ru0);
         let cpu = cpu0.zip(CpuSample::now().ok());
-        Driven { outs, cpu, rusage, wall, errors }
+        Driven { outs, cpu, rusage, wall, stopped, errors }
     })
 }
 
@@ -555,10 +563,6 @@ fn buf_notes(bufs: Bufs, effective: Option<(usize, usize)>, notes: &mut Vec<Stri
 fn effective_bufs(s: &TcpStream) -> Option<(usize, usize)> {
     let r = SockRef::from(s);
     Some((r.send_buffer_size().ok()?, r.recv_buffer_size().ok()?))
-}
-
-fn base_result(kind: &str, params: Value, started: String) -> WorkloadResult {
-    WorkloadResult { kind: kind.into(), params, started, ..Default::default() }
 }
 
 fn where_note(server: &Option<Server>, addr: SocketAddr) -> String {
@@ -709,11 +713,16 @@ pub fn validate(kind: &super::Kind) -> Result<()> {
 }
 
 pub fn stream(a: &StreamArgs) -> Result<WorkloadResult> {
+    stream_until(a, &AtomicBool::new(false))
+}
+
+/// [`stream`], ended early when `stop` (the run's stop flag) is raised.
+pub fn stream_until(a: &StreamArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = StreamPlan::resolve(a)?;
-    let mut r = base_result("tcp-stream", serde_json::to_value(a)?, wall_now());
+    let mut r = WorkloadResult::new("tcp-stream", serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
     let (addr, server) = target(p.peer, p.threads + 1)?;
-    let d = drive(p.threads, p.duration, t0, |ctl| stream_worker(&p, addr, ctl));
+    let d = drive(p.threads, p.duration, t0, stop, |ctl| stream_worker(&p, addr, ctl));
 
     // Failures of the driver itself (a worker thread that could not be spawned).
     let mut errors = d.errors;
@@ -774,6 +783,9 @@ pub fn stream(a: &StreamArgs) -> Result<WorkloadResult> {
     }
     if conns == 0 || r.failed > 0 {
         r.notes.push("a worker without a connection retries every 10 ms until the duration ends".into());
+    }
+    if d.stopped {
+        r.mark_stopped(format_args!("{secs:.1} s of the {} asked for", a.duration));
     }
     buf_notes(p.bufs, effective, &mut r.notes);
     finish_server(server, &mut r);
@@ -905,13 +917,13 @@ fn crr_worker(p: &RrPlan, addr: SocketAddr, ctl: &Ctl) -> RrOut {
     o
 }
 
-fn rr_like(a: &RrArgs, crr: bool) -> Result<WorkloadResult> {
+fn rr_like(a: &RrArgs, crr: bool, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = RrPlan::resolve(a)?;
     let kind = if crr { "tcp-crr" } else { "tcp-rr" };
-    let mut r = base_result(kind, serde_json::to_value(a)?, wall_now());
+    let mut r = WorkloadResult::new(kind, serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
     let (addr, server) = target(p.peer, p.clients + 1)?;
-    let d = drive(p.clients, p.duration, t0, |ctl| {
+    let d = drive(p.clients, p.duration, t0, stop, |ctl| {
         if crr {
             crr_worker(&p, addr, ctl)
         } else {
@@ -991,6 +1003,9 @@ fn rr_like(a: &RrArgs, crr: bool) -> Result<WorkloadResult> {
     if r.failed > 0 {
         r.notes.push("a client whose connect fails retries every 10 ms until the duration ends".into());
     }
+    if d.stopped {
+        r.mark_stopped(format_args!("{secs:.1} s of the {} asked for", a.duration));
+    }
     buf_notes(p.bufs, effective, &mut r.notes);
     finish_server(server, &mut r);
     Ok(r)
@@ -1004,12 +1019,22 @@ fn service_demand_per_op(cpu: &Cpu, wall: Duration, ops: u64) -> f64 {
 
 /// `fraglab workload tcp-rr`.
 pub fn rr(a: &RrArgs) -> Result<WorkloadResult> {
-    rr_like(a, false)
+    rr_like(a, false, &AtomicBool::new(false))
+}
+
+/// [`rr`], ended early when `stop` (the run's stop flag) is raised.
+pub fn rr_until(a: &RrArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
+    rr_like(a, false, stop)
 }
 
 /// `fraglab workload tcp-crr`.
 pub fn crr(a: &RrArgs) -> Result<WorkloadResult> {
-    rr_like(a, true)
+    rr_like(a, true, &AtomicBool::new(false))
+}
+
+/// [`crr`], ended early when `stop` (the run's stop flag) is raised.
+pub fn crr_until(a: &RrArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
+    rr_like(a, true, stop)
 }
 
 // ---------------------------------------------------------------------------------------------

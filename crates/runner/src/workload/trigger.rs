@@ -13,6 +13,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ use fraglab_fragmenter::sysctl::{self, Journal, Restored};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::exec::signal_name;
 use super::result::{latency_histogram, wall_now, Errors, Latency, Rusage, WorkloadResult};
 use crate::units::{format_size, parse_size};
 
@@ -223,22 +225,23 @@ fn run_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(fraglab_fragmenter::instance::RUN_DIR))
 }
 
-/// Run one trigger, journaling sysctls in the run directory set by [`set_run_dir`].
 /// Check options without touching anything: what `fraglab run` does before it fragments.
 pub fn validate(kind: &Kind) -> Result<()> {
     plan(kind).map(drop)
 }
 
-pub fn run(kind: &Kind) -> Result<WorkloadResult> {
-    run_in(kind, &run_dir())
+/// Run one trigger, journaling sysctls in the run directory set by [`set_run_dir`]. The calls stop
+/// early when `stop` (the run's stop flag) is raised, as they do on a signal to `fraglab workload`.
+pub fn run(kind: &Kind, stop: &AtomicBool) -> Result<WorkloadResult> {
+    run_in(kind, &run_dir(), stop)
 }
 
 /// Run one trigger with its sysctl journal and lock in `run_dir`.
-pub fn run_in(kind: &Kind, run_dir: &Path) -> Result<WorkloadResult> {
+pub fn run_in(kind: &Kind, run_dir: &Path, stop: &AtomicBool) -> Result<WorkloadResult> {
     // Everything is validated before anything is touched.
     let plan = plan(kind)?;
     let params = serde_json::to_value(kind)?;
-    execute(plan, params, run_dir)
+    execute(plan, params, run_dir, stop)
 }
 
 /// What a trigger does, resolved from its options.
@@ -513,7 +516,12 @@ enum Outcome {
     Failed(io::Error),
 }
 
-fn execute(plan: Plan, params: serde_json::Value, run_dir: &Path) -> Result<WorkloadResult> {
+fn execute(
+    plan: Plan,
+    params: serde_json::Value,
+    run_dir: &Path,
+    stop: &AtomicBool,
+) -> Result<WorkloadResult> {
     let mut notes = plan.notes.clone();
     let mut details: std::collections::BTreeMap<String, serde_json::Value> =
         plan.details.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
@@ -574,9 +582,15 @@ fn execute(plan: Plan, params: serde_json::Value, run_dir: &Path) -> Result<Work
     let mut state = CallState::open(plan.call)?;
 
     let mut interrupted = None;
+    let mut stopped = false;
     for _ in 0..plan.repeat {
         if let Some(sig) = signals.pending() {
             interrupted = Some(sig);
+            break;
+        }
+        // Under `fraglab run` the run's handler takes the signal (on another thread) and raises this.
+        if stop.load(Ordering::Relaxed) {
+            stopped = true;
             break;
         }
         let t = Instant::now();
@@ -614,9 +628,6 @@ fn execute(plan: Plan, params: serde_json::Value, run_dir: &Path) -> Result<Work
             notes.push(format!("the kernel found {ok} of {pages} order-9 blocks"));
         }
     }
-    if let Some(sig) = interrupted {
-        notes.push(format!("interrupted by signal {sig} after {calls} of {} calls", plan.repeat));
-    }
     drop(signals); // a deferred Ctrl-C takes effect here, after the restore
 
     details.insert("calls".into(), json!(calls));
@@ -631,7 +642,7 @@ fn execute(plan: Plan, params: serde_json::Value, run_dir: &Path) -> Result<Work
         }
     }
     let secs = duration.as_secs_f64();
-    Ok(WorkloadResult {
+    let mut result = WorkloadResult {
         kind: format!("trigger {}", plan.name),
         params,
         started,
@@ -648,7 +659,17 @@ fn execute(plan: Plan, params: serde_json::Value, run_dir: &Path) -> Result<Work
         rusage,
         details,
         notes,
-    })
+    };
+    // Under `fraglab run` the run's handler takes the signal on another thread and raises `stop`, but
+    // this thread may see it pending first: the same stop either way.
+    if stopped || interrupted.is_some() {
+        let by = interrupted.map_or_else(String::new, |sig| format!(" ({} to fraglab)", signal_name(sig)));
+        result.mark_stopped(format_args!(
+            "{secs:.1} s{by}, {calls} of {} calls; sysctls restored",
+            plan.repeat
+        ));
+    }
+    Ok(result)
 }
 
 fn list(restored: &[Restored]) -> String {
@@ -976,6 +997,19 @@ impl Drop for DeferSignals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raised_stop_flag_makes_no_call_and_says_so() {
+        // --no-raise: no sysctl is touched, so this runs anywhere.
+        let kind = Kind::PipeResize(PipeResizeArgs { bytes: "16MiB".into(), repeat: 1000, no_raise: true });
+        let dir = std::env::temp_dir().join(format!("fraglab-trigger-stop-{}", std::process::id()));
+        let r = run_in(&kind, &dir, &AtomicBool::new(true)).unwrap();
+        assert_eq!((r.ok, r.failed, &r.details["calls"]), (0, 0, &json!(0)));
+        assert_eq!(r.details["stopped_by_signal"], true);
+        let note = r.notes.last().unwrap();
+        assert!(note.starts_with("stopped by a signal after 0.0 s, 0 of 1000 calls"), "{note}");
+        assert!(!dir.exists(), "no journal without a sysctl to raise");
+    }
 
     #[test]
     fn orders_match_the_measured_table() {
