@@ -1,0 +1,352 @@
+//! Ctrl-C during a long workload of `fraglab run`, for real with the real binary (root): the workload
+//! in progress stops within moments instead of running out its duration, its result says it was
+//! stopped and how long it really ran, the run exits 130 with run.json marked incomplete/interrupted,
+//! and every sysctl it set is back. Baseline runs (no `[fragment]`), so no memory is shaped; the one
+//! sysctl they change is the sweep's `net.core.high_order_alloc_disable`.
+//!
+//! `fraglab run` takes the machine-wide instance lock; these runs queue for it (`FRAGLAB_LOCK_WAIT`)
+//! behind whatever else holds it on this machine, and run one at a time.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fraglab_fragmenter::instance::WAIT_ENV;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+/// How long a run started here queues for the instance lock another fraglab holds.
+const LOCK_WAIT: Duration = Duration::from_secs(600);
+/// From SIGINT to exit: the workload stops within ~10 ms; the rest is releasing, restoring and the
+/// final snapshot.
+const EXIT_WITHIN: Duration = Duration::from_secs(5);
+/// The sysctl the configs' sweep sets (to 1), and the ones any fraglab run may change.
+const SWEPT: &str = "net.core.high_order_alloc_disable";
+const SYSCTLS: [&str; 5] = [
+    "vm.compact_unevictable_allowed",
+    "vm.compaction_proactiveness",
+    "vm.percpu_pagelist_high_fraction",
+    "net.core.high_order_alloc_disable",
+    "fs.pipe-max-size",
+];
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn sysctl(name: &str) -> String {
+    let p = Path::new("/proc/sys").join(name.replace('.', "/"));
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).trim().to_string()
+}
+
+fn sysctls() -> Vec<(String, String)> {
+    SYSCTLS.iter().map(|n| (n.to_string(), sysctl(n))).collect()
+}
+
+/// fraglab processes other than `mine`: they change the same sysctls.
+fn other_fraglabs(mine: u32) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(exe) = std::fs::read_link(e.path().join("exe")) else { continue };
+        if pid != mine && exe.file_name().is_some_and(|n| n == "fraglab") {
+            found.push(pid.to_string());
+        }
+    }
+    found
+}
+
+/// Processes whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(marker) && !cmd.contains("run_interrupt") {
+            found.push(format!("{} {cmd}", e.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+/// The sysctls are `want` again — unless another fraglab has taken the lock since ours ended and is
+/// changing them now: then that is said, not judged.
+fn assert_sysctls_back(want: &[(String, String)], mine: u32) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let now = sysctls();
+        if now == want {
+            return;
+        }
+        if Instant::now() > deadline {
+            let others = other_fraglabs(mine);
+            assert!(!others.is_empty(), "the run left sysctls changed: {now:?}, were {want:?}");
+            eprintln!("note: sysctls {now:?} differ from {want:?}, but other fraglabs run ({others:?})");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A scratch directory with the config, the run directory and the results.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str, config: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("fraglab-interrupt-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("run.toml"), config).unwrap();
+        Scratch(d)
+    }
+
+    /// The one results directory the run made.
+    fn results(&self) -> Option<PathBuf> {
+        let dirs: Vec<PathBuf> =
+            std::fs::read_dir(self.0.join("out")).ok()?.map(|e| e.unwrap().path()).collect();
+        assert!(dirs.len() <= 1, "{dirs:?}");
+        dirs.into_iter().next()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `fraglab run` in the background, its output collected as it comes. Dropped while still running
+/// (a failed test), it gets SIGTERM, then SIGKILL and a journal-restoring `fraglab probe`.
+struct Running {
+    child: Child,
+    run_dir: PathBuf,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let to = Arc::clone(&text);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            to.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    text
+}
+
+impl Running {
+    fn start(sc: &Scratch) -> Running {
+        let run_dir = sc.0.join("run");
+        let mut child = Command::new(FRAGLAB)
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .args(["run", "run.toml", "-o", "out"])
+            .current_dir(&sc.0)
+            .env(WAIT_ENV, format!("{}s", LOCK_WAIT.as_secs()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = collect(child.stdout.take().unwrap());
+        let stderr = collect(child.stderr.take().unwrap());
+        Running { child, run_dir, stdout, stderr }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn output(&self) -> String {
+        format!("stdout:\n{}\nstderr:\n{}", self.stdout.lock().unwrap(), self.stderr.lock().unwrap())
+    }
+
+    fn wait_for(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                std::thread::sleep(Duration::from_millis(50)); // the readers take the last output
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Wait until the run is in its first workload: the results directory has its first probe sample
+    /// and the sweep point's sysctl is set (right before the workloads start), then `settle` more.
+    fn wait_for_workload(&mut self, sc: &Scratch, settle: Duration) {
+        let deadline = Instant::now() + LOCK_WAIT + Duration::from_secs(60);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                panic!("the run ended before its workload ({s}): {}", self.output());
+            }
+            let sampled = sc
+                .results()
+                .is_some_and(|d| std::fs::metadata(d.join("probe.jsonl")).is_ok_and(|m| m.len() > 0));
+            if sampled && sysctl(SWEPT) == "1" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the run did not reach its workload: {}", self.output());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(settle);
+        assert!(self.child.try_wait().unwrap().is_none(), "the run ended early: {}", self.output());
+    }
+
+    /// SIGINT, then the exit status and how long it took.
+    fn interrupt(&mut self) -> (ExitStatus, Duration) {
+        kill(Pid::from_raw(self.pid() as i32), Signal::SIGINT).unwrap();
+        let t = Instant::now();
+        let status = self.wait_for(Duration::from_secs(60)).unwrap_or_else(|| {
+            panic!("the run did not stop within 60 s of SIGINT: {}", self.output());
+        });
+        (status, t.elapsed())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.child.try_wait().unwrap().is_none() {
+            let _ = kill(Pid::from_raw(self.pid() as i32), Signal::SIGTERM);
+            if self.wait_for(Duration::from_secs(30)).is_none() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let _ = Command::new(FRAGLAB)
+                    .arg("--run-dir")
+                    .arg(&self.run_dir)
+                    .args(["probe", "--json"])
+                    .output();
+            }
+        }
+    }
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
+}
+
+/// What every interrupted run must show: exit 130 soon after the signal, the summary and run.json
+/// saying interrupted, the swept sysctl restored, one workload result — stopped, with its real
+/// duration — and no second workload started. Returns that result.
+fn assert_interrupted(sc: &Scratch, run: &mut Running, before: &[(String, String)]) -> Value {
+    let pid = run.pid();
+    let (status, took) = run.interrupt();
+    eprintln!("SIGINT: exited with {status} after {:.2} s", took.as_secs_f64());
+    assert_eq!(status.code(), Some(130), "interrupted runs exit 130: {}", run.output());
+    assert!(took < EXIT_WITHIN, "{took:?} from SIGINT to exit: {}", run.output());
+    let out = run.output();
+    assert!(out.contains("— incomplete; verdict: interrupted"), "the summary says so: {out}");
+    assert!(out.contains("results: "), "{out}");
+
+    let d = sc.results().expect("a results directory");
+    let r = read_json(&d.join("run.json"));
+    assert_eq!(r["status"], "incomplete", "{r:#}");
+    assert_eq!(r["verdict"], "interrupted", "{r:#}");
+    assert!(r["reason"].as_str().unwrap().starts_with("interrupted by a signal"), "{r:#}");
+    assert!(!r["finished"].is_null() && r["fragment"].is_null(), "{r:#}");
+    let restored: Vec<&str> =
+        r["sysctls_restored"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    let original = &before.iter().find(|(n, _)| n == SWEPT).unwrap().1;
+    assert_eq!(restored, [format!("{SWEPT} = {original}")], "{r:#}");
+    let phases: Vec<&str> =
+        r["phases"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    let ran: Vec<&&str> = phases.iter().filter(|p| p.starts_with("workload ")).collect();
+    assert_eq!(ran.len(), 1, "only the interrupted workload ran: {phases:?}");
+    for want in ["baseline", "monitors", "release", "final"] {
+        assert!(phases.contains(&want), "phase {want} missing: {phases:?}");
+    }
+
+    let w = read_json(&d.join("workloads.json"));
+    let w = w.as_array().unwrap();
+    assert_eq!(w.len(), 1, "{w:#?}");
+    let result = w[0]["result"].clone();
+    assert_eq!(result["details"]["stopped_by_signal"], true, "{result:#}");
+    let duration = result["duration_s"].as_f64().unwrap();
+    assert!(duration < 10.0, "the real duration, not the 60 s asked for: {duration}");
+    let note = result["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|n| n.starts_with("stopped by a signal after "));
+    eprintln!("{}: {}", result["kind"], note.unwrap_or("no stopped note"));
+    assert!(note.is_some(), "{result:#}");
+
+    // Nothing left behind.
+    assert!(!run.run_dir.join("sysctl.journal").exists() && !run.run_dir.join("trigger.journal").exists());
+    assert_sysctls_back(before, pid);
+    result
+}
+
+fn baseline_config(workload: &str) -> String {
+    format!(
+        "[run]\nname = \"interrupt\"\ndescription = \"a long workload, then Ctrl-C\"\n\n[probe]\ninterval = \
+         \"200ms\"\n\n[sweep]\nsysctl.\"{SWEPT}\" = [1]\n\n{workload}\n# Never reached: the run stops \
+         first.\n[[workload]]\nkind = \"trigger\"\ntrigger = \"pipe-resize\"\nbytes = \"16MiB\"\nrepeat = 1\n"
+    )
+}
+
+#[test]
+fn sigint_stops_a_60s_tcp_stream_at_once_and_restores_the_sysctls() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let before = sysctls();
+    let sc = Scratch::new(
+        "tcp",
+        &baseline_config(
+            "[[workload]]\nkind = \"tcp-stream\"\nthreads = 2\nduration = \"60s\"\nmsg = \"16KiB\"\n",
+        ),
+    );
+    let mut run = Running::start(&sc);
+    run.wait_for_workload(&sc, Duration::from_secs(1));
+    let r = assert_interrupted(&sc, &mut run, &before);
+    assert_eq!(r["kind"], "tcp-stream");
+    assert!(r["bytes"].as_u64().unwrap() > 0 && r["failed"] == 0, "{r:#}");
+    assert_eq!(r["details"]["receiver_bytes"], r["bytes"], "{r:#}");
+    let d = r["duration_s"].as_f64().unwrap();
+    assert!((0.8..5.0).contains(&d), "it ran ~1 s before the signal: {d}");
+    let note = r["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|n| n.starts_with("stopped"))
+        .unwrap();
+    assert!(note.ends_with("s of the 60s asked for"), "{note}");
+}
+
+#[test]
+fn sigint_stops_an_exec_workload_and_its_whole_process_group() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let before = sysctls();
+    // A marker no other process has, in the grandchild's command line: it must go too.
+    let marker = format!("60.{}", std::process::id());
+    let sc = Scratch::new(
+        "exec",
+        &baseline_config(&format!(
+            "[[workload]]\nkind = \"exec\"\ntimeout = \"60s\"\ncommand = [\"sh\", \"-c\", \"sleep {marker} & echo \
+             started; wait\"]\n"
+        )),
+    );
+    let mut run = Running::start(&sc);
+    run.wait_for_workload(&sc, Duration::from_millis(500));
+    assert!(!processes_with(&format!("sleep {marker}")).is_empty(), "the command runs: {}", run.output());
+    let r = assert_interrupted(&sc, &mut run, &before);
+    assert_eq!(r["kind"], "exec");
+    assert_eq!((r["ok"].as_u64(), r["failed"].as_u64()), (Some(0), Some(1)), "{r:#}");
+    assert_eq!(r["details"]["signal"], "SIGTERM", "the command got SIGTERM: {r:#}");
+    assert_eq!(r["details"]["timed_out"], false);
+    assert!(r["details"]["stdout"].as_str().unwrap().contains("started"), "{r:#}");
+    let left = processes_with(&format!("sleep {marker}"));
+    assert!(left.is_empty(), "the command's group outlived the run: {left:?}");
+}
