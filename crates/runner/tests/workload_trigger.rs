@@ -326,3 +326,31 @@ fn a_trigger_runs_while_the_instance_lock_is_held() {
     assert_eq!(r.ok, 2);
     drop(lock);
 }
+
+/// The trigger lock is machine-wide, like the sysctls it guards: a trigger with another `--run-dir`
+/// that would raise fs.pipe-max-size further is refused while one holds it raised (it would journal
+/// the raised value as the original), and once the holder is SIGKILLed, a fraglab command in yet
+/// another run directory finds the dead one's journal through the lock's record and restores it.
+#[test]
+fn another_run_dir_cannot_journal_a_live_triggers_raised_sysctl() {
+    let _s = serial();
+    let (a, b, c) = (run_dir("wide-a"), run_dir("wide-b"), run_dir("wide-c"));
+    let before = sysctl("fs.pipe-max-size");
+    let mut running = start_long_pipe_resize(&a);
+
+    let out =
+        fraglab(&b, &["workload", "--json", "trigger", "pipe-resize", "--bytes", "128MiB", "--repeat", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second trigger raised fs.pipe-max-size beside a live one");
+    assert!(stderr.contains(&format!("another trigger (pid {})", running.0.id())), "{stderr}");
+    assert_eq!(sysctl("fs.pipe-max-size"), 64 << 20, "the live trigger's value was changed");
+    assert!(!b.join("trigger.journal").exists(), "the refused trigger journaled");
+
+    running.0.kill().unwrap();
+    running.0.wait().unwrap();
+    let out = fraglab(&c, &["probe", "--json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("fs.pipe-max-size = {before}")), "{stderr}");
+    assert_eq!(sysctl("fs.pipe-max-size"), before, "the dead trigger's journal in another run dir");
+    assert!(!a.join("trigger.journal").exists());
+}

@@ -29,8 +29,9 @@ use crate::units::{format_size, parse_size};
 
 /// Journal of the sysctls a trigger raised, in the run directory.
 pub const JOURNAL: &str = "trigger.journal";
-/// flock held by a trigger while its journal lives.
-pub const LOCK: &str = "trigger.lock";
+/// flock held by a trigger while its journal lives; machine-wide whatever `--run-dir` says, since the
+/// sysctls it guards are. Its content names the holder's pid and run directory (where its journal is).
+pub const LOCK_FILE: &str = "/run/fraglab/trigger.lock";
 
 const PAGE_SIZE: u64 = 4096;
 /// x86_64's largest buddy block (MAX_PAGE_ORDER): order 10, 4 MiB. kmalloc refuses anything larger.
@@ -868,22 +869,49 @@ struct Raised {
 impl Raised {
     fn start(run_dir: &Path) -> Result<Raised> {
         let lock = TriggerLock::acquire(run_dir, LOCK_WAIT)?;
-        // Holding the lock, any journal left here was written by a trigger that died.
-        let recovered = sysctl::recover_named(run_dir, JOURNAL)?;
+        // Holding the lock, any journal left here, or where the last holder said its was, was written
+        // by a trigger that died.
+        let mut recovered = Vec::new();
+        for dir in stale_journal_dirs(&lock.previous, run_dir) {
+            recovered.extend(sysctl::recover_named(&dir, JOURNAL)?);
+        }
         let journal = Journal::create_named(run_dir, JOURNAL)?;
         Ok(Raised { journal, _lock: lock, recovered })
     }
 }
 
-/// `<run dir>/trigger.lock`, flocked for as long as a trigger's journal lives.
+/// [`LOCK_FILE`], flocked for as long as a trigger's journal lives. A lock per run directory let two
+/// triggers with different `--run-dir`s each raise fs.pipe-max-size and journal the other's raised
+/// value as the original.
 struct TriggerLock {
     _file: File,
+    /// The record the last holder left: `{"pid":…,"run_dir":…}`, if any.
+    previous: Option<serde_json::Value>,
+}
+
+/// The journals to replay when the lock is free: the last holder's, then `run_dir`'s own.
+fn stale_journal_dirs(previous: &Option<serde_json::Value>, run_dir: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> =
+        previous.as_ref().and_then(|r| r["run_dir"].as_str()).map(PathBuf::from).into_iter().collect();
+    if !dirs.iter().any(|d| d == run_dir) {
+        dirs.push(run_dir.to_path_buf());
+    }
+    dirs.retain(|d| d.join(JOURNAL).exists());
+    dirs
+}
+
+fn read_record(file: &mut File) -> Option<serde_json::Value> {
+    let mut text = String::new();
+    file.rewind().ok()?;
+    file.read_to_string(&mut text).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 impl TriggerLock {
-    fn open(run_dir: &Path) -> Result<File> {
-        fs::create_dir_all(run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
-        let path = run_dir.join(LOCK);
+    fn open() -> Result<File> {
+        let path = Path::new(LOCK_FILE);
+        let parent = path.parent().expect("LOCK_FILE has a directory");
+        fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
         OpenOptions::new()
             .read(true)
             .write(true)
@@ -900,24 +928,28 @@ impl TriggerLock {
 
     /// Take the lock, waiting up to `wait` for another trigger to finish.
     fn acquire(run_dir: &Path, wait: Duration) -> Result<TriggerLock> {
-        let mut file = Self::open(run_dir)?;
+        let mut file = Self::open()?;
         let deadline = Instant::now() + wait;
         while !Self::try_lock(&file) {
             if Instant::now() > deadline {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
+                let holder = read_record(&mut file);
+                let field = |k: &str| holder.as_ref().map_or("?".to_string(), |h| h[k].to_string());
                 bail!(
                     "another trigger (pid {}) is changing sysctls journaled in {}; wait for it to finish",
-                    holder.trim(),
-                    run_dir.display()
+                    field("pid"),
+                    field("run_dir")
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        let previous = read_record(&mut file);
+        fs::create_dir_all(run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
+        let record =
+            serde_json::json!({ "pid": std::process::id(), "run_dir": std::path::absolute(run_dir)? });
         file.set_len(0)?;
         file.rewind()?;
-        file.write_all(std::process::id().to_string().as_bytes())?;
-        Ok(TriggerLock { _file: file })
+        file.write_all(record.to_string().as_bytes())?;
+        Ok(TriggerLock { _file: file, previous })
     }
 }
 
@@ -927,16 +959,20 @@ impl TriggerLock {
 /// exactly when its holder dies, which, unlike probing the recorded pid, cannot be fooled by pid reuse
 /// or a pid namespace. A live trigger's journal is left alone.
 pub fn recover_if_stale(run_dir: &Path) -> Result<Vec<Restored>> {
-    if !run_dir.join(JOURNAL).exists() {
+    // A hint read without the lock: in the common case there is nothing to do, and nothing is created.
+    let hint = fs::File::open(LOCK_FILE).ok().and_then(|mut f| read_record(&mut f));
+    if stale_journal_dirs(&hint, run_dir).is_empty() {
         return Ok(Vec::new());
     }
-    let file = TriggerLock::open(run_dir)?;
+    let Ok(mut file) = TriggerLock::open() else { return Ok(Vec::new()) };
     if !TriggerLock::try_lock(&file) {
         return Ok(Vec::new()); // a live trigger: its journal is in use
     }
-    let restored = sysctl::recover_named(run_dir, JOURNAL);
-    drop(file);
-    restored
+    let mut restored = Vec::new();
+    for dir in stale_journal_dirs(&read_record(&mut file), run_dir) {
+        restored.extend(sysctl::recover_named(&dir, JOURNAL)?);
+    }
+    Ok(restored)
 }
 
 /// SIGINT, SIGTERM and SIGHUP blocked on this thread (and threads it spawns) until dropped: a Ctrl-C
