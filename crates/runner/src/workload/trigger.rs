@@ -917,7 +917,7 @@ impl TriggerLock {
             .write(true)
             .create(true)
             .truncate(false)
-            .open(&path)
+            .open(path)
             .with_context(|| format!("cannot open {}", path.display()))
     }
 
