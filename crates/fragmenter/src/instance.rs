@@ -231,8 +231,12 @@ pub fn wait_from_env() -> Result<Duration> {
 }
 
 fn open_lock() -> Result<File> {
-    let path = Path::new(LOCK_FILE);
-    let parent = path.parent().expect("LOCK_FILE has a directory");
+    open_lock_file(Path::new(LOCK_FILE))
+}
+
+/// Open (creating it and its directory) a lock file whose content is its holder's record.
+pub fn open_lock_file(path: &Path) -> Result<File> {
+    let parent = path.parent().context("a lock file has a directory")?;
     fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
     OpenOptions::new()
         .read(true)
@@ -243,7 +247,8 @@ fn open_lock() -> Result<File> {
         .with_context(|| format!("cannot open {}", path.display()))
 }
 
-fn try_lock(file: &File) -> bool {
+/// Take an exclusive flock without waiting; the kernel drops it when the holder dies.
+pub fn try_lock(file: &File) -> bool {
     // SAFETY: flock on a file descriptor we own; no memory is shared with the kernel.
     unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
 }

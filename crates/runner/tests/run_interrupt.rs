@@ -7,7 +7,6 @@
 //! `fraglab run` takes the machine-wide instance lock; these runs queue for it (`FRAGLAB_LOCK_WAIT`)
 //! behind whatever else holds it on this machine, and run one at a time.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -17,6 +16,9 @@ use fraglab_fragmenter::instance::WAIT_ENV;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
+
+mod common;
+use common::collect;
 
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 /// How long a run started here queues for the instance lock another fraglab holds.
@@ -124,21 +126,6 @@ struct Running {
     run_dir: PathBuf,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
-}
-
-fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let text = Arc::new(Mutex::new(String::new()));
-    let to = Arc::clone(&text);
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = from.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            to.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    text
 }
 
 impl Running {

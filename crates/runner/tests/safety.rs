@@ -9,7 +9,6 @@
 //! machine-wide too: every fraglab started here queues for it (`FRAGLAB_LOCK_WAIT`) except the ones
 //! meant to be refused ([`fraglab_now`]).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +18,9 @@ use fraglab_fragmenter::instance::{Instance, LOCK_FILE, WAIT_ENV};
 use fraglab_probe::kmsg::KmsgWatcher;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+
+mod common;
+use common::collect;
 
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 const MIB: u64 = 1 << 20;
@@ -237,21 +239,6 @@ struct Running {
     run_dir: PathBuf,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
-}
-
-fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let text = Arc::new(Mutex::new(String::new()));
-    let to = Arc::clone(&text);
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = from.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            to.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    text
 }
 
 impl Running {

@@ -9,7 +9,7 @@
 //! lives; the kernel drops the flock when the process dies, so a journal whose lock is free was left
 //! by a dead trigger and [`recover_if_stale`] (run by every `fraglab` command) puts it back.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -909,21 +909,11 @@ fn read_record(file: &mut File) -> Option<serde_json::Value> {
 
 impl TriggerLock {
     fn open() -> Result<File> {
-        let path = Path::new(LOCK_FILE);
-        let parent = path.parent().expect("LOCK_FILE has a directory");
-        fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .with_context(|| format!("cannot open {}", path.display()))
+        fraglab_fragmenter::instance::open_lock_file(Path::new(LOCK_FILE))
     }
 
     fn try_lock(file: &File) -> bool {
-        // SAFETY: flock on a descriptor we own.
-        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+        fraglab_fragmenter::instance::try_lock(file)
     }
 
     /// Take the lock, waiting up to `wait` for another trigger to finish.

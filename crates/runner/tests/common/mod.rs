@@ -2,8 +2,10 @@
 //! a test on a shared machine must.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
 
 pub const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 
@@ -23,4 +25,21 @@ pub fn fraglab(run_dir: &Path, args: &[&str]) -> Output {
         .env(fraglab_fragmenter::instance::WAIT_ENV, "600s")
         .output()
         .unwrap()
+}
+
+/// A child's stdout or stderr, read on a thread as it comes so a test can look at it while the child
+/// runs (and the pipe never fills and stalls it).
+pub fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let to = Arc::clone(&text);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            to.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    text
 }
