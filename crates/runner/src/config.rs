@@ -106,6 +106,10 @@ pub struct ExpectSection {
     /// A failed allocation of this order or above caught in the kernel (tracefs or kmsg).
     #[serde(default)]
     pub failed_order: Option<u32>,
+    /// Kernel functions: a caught failure counts only when its stack names one of them
+    /// (`sctp_packet_transmit`), so a THP fault or another subsystem's quiet fallback does not.
+    #[serde(default)]
+    pub failed_in: Vec<String>,
 }
 
 /// The text of a config and where it came from, kept so errors can point into it.

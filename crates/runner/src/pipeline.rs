@@ -221,7 +221,8 @@ fn pipeline(
     phases.end();
     record.phases = phases.done();
 
-    let (mut verdict, mut reason) = verdict(plan, &workloads, &failures, &kernel_log);
+    let (mut verdict, mut reason) =
+        verdict(&plan.expect, plan.catch_min_order, &workloads, &failures, &kernel_log);
     // A run that did not do all it set out to cannot say "not reproduced".
     if verdict == Verdict::NotReproduced {
         let lost = record.fragment.as_ref().and_then(|f| f.target_lost.clone());
@@ -427,13 +428,14 @@ impl Drop for BackgroundSampler {
 /// allocation of the expected order caught in the kernel. Without `[expect]`: any ENOMEM/ENOBUFS or
 /// any caught failure.
 fn verdict(
-    plan: &RunPlan,
+    expect: &crate::runplan::Expect,
+    catch_min_order: u32,
     workloads: &[WorkloadRecord],
     failures: &[fraglab_probe::tracefs::AllocFailure],
     kernel_log: &[KmsgEvent],
 ) -> (Verdict, String) {
     let default_errnos = ["ENOMEM".to_string(), "ENOBUFS".to_string()];
-    let errnos: &[String] = if plan.expect.errno.is_empty() { &default_errnos } else { &plan.expect.errno };
+    let errnos: &[String] = if expect.errno.is_empty() { &default_errnos } else { &expect.errno };
     for e in errnos {
         let n: u64 = workloads.iter().map(|w| w.result.errno_count(e)).sum();
         if n > 0 {
@@ -442,15 +444,28 @@ fn verdict(
     }
     // An [expect] that names errnos but no order asks for those errnos only: a kernel that fails an
     // allocation and quietly falls back has not reproduced the bug the errno stands for.
-    if !plan.expect.errno.is_empty() && plan.expect.failed_order.is_none() {
+    if !expect.errno.is_empty() && expect.failed_order.is_none() && expect.failed_in.is_empty() {
         return (Verdict::NotReproduced, format!("no {} in the workloads", errnos.join("/")));
     }
-    let min_order = plan.expect.failed_order.unwrap_or(plan.catch_min_order);
-    let caught = failures.iter().filter(|f| f.order >= min_order).count();
+    let min_order = expect.failed_order.unwrap_or(catch_min_order);
+    let wanted = &expect.failed_in;
+    let caught = failures
+        .iter()
+        .filter(|f| f.order >= min_order)
+        .filter(|f| wanted.is_empty() || f.stack.iter().any(|s| wanted.contains(s)))
+        .count();
+    let in_what = if wanted.is_empty() { String::new() } else { format!(" in {}", wanted.join("/")) };
     if caught > 0 {
         return (
             Verdict::Reproduced,
-            format!("{caught} failed allocations of order ≥ {min_order} caught in the kernel"),
+            format!("{caught} failed allocations of order ≥ {min_order}{in_what} caught in the kernel"),
+        );
+    }
+    if !wanted.is_empty() {
+        // The kernel log's reports carry no parsed stack: they cannot say where they failed.
+        return (
+            Verdict::NotReproduced,
+            format!("no failed allocation of order ≥ {min_order}{in_what} caught"),
         );
     }
     let logged =
@@ -529,5 +544,57 @@ impl Drop for KmsgTail {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runplan::Expect;
+    use fraglab_probe::tracefs::AllocFailure;
+
+    /// Failures caught in a Debian 6.1 guest fragmented to max free order 4 while sctp-stream sent
+    /// 32 KiB messages on lo (configs/sctp-lo-mtu64k.toml): one of each kind — the SCTP DATA chunk's
+    /// order-4 skb, and two order-9 THP attempts that fall back quietly.
+    fn caught() -> Vec<AllocFailure> {
+        include_str!("../tests/captures/alloc_failures-sctp-stream-6.1.jsonl")
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn expect(errno: &[&str], failed_order: Option<u32>, failed_in: &[&str]) -> Expect {
+        Expect {
+            errno: errno.iter().map(|s| s.to_string()).collect(),
+            failed_order,
+            failed_in: failed_in.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn failed_in_counts_only_failures_whose_stack_names_the_function() {
+        let all = caught();
+        let thp: Vec<AllocFailure> = all.iter().filter(|f| f.order == 9).cloned().collect();
+        assert_eq!((all.len(), thp.len()), (4, 2));
+        let sctp = expect(&[], Some(4), &["sctp_datamsg_from_user"]);
+
+        let (v, why) = verdict(&sctp, 4, &[], &all, &[]);
+        assert_eq!(v, Verdict::Reproduced, "{why}");
+        assert!(why.contains("2 failed allocations of order ≥ 4 in sctp_datamsg_from_user"), "{why}");
+        // The THP faults alone are order 9 ≥ 4, but not in SCTP: not this bug.
+        let (v, why) = verdict(&sctp, 4, &[], &thp, &[]);
+        assert_eq!(v, Verdict::NotReproduced, "{why}");
+        // Without failed_in they count.
+        let (v, _) = verdict(&expect(&[], Some(4), &[]), 4, &[], &thp, &[]);
+        assert_eq!(v, Verdict::Reproduced);
+    }
+
+    #[test]
+    fn errno_only_expectations_ignore_caught_failures() {
+        let (v, why) = verdict(&expect(&["ENOMEM"], None, &[]), 3, &[], &caught(), &[]);
+        assert_eq!(v, Verdict::NotReproduced, "{why}");
+        // Naming a function makes the caught failures count again.
+        let (v, _) = verdict(&expect(&["ENOMEM"], None, &["sctp_datamsg_from_user"]), 3, &[], &caught(), &[]);
+        assert_eq!(v, Verdict::Reproduced);
     }
 }

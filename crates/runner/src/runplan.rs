@@ -52,6 +52,7 @@ pub struct Workload {
 pub struct Expect {
     pub errno: Vec<String>,
     pub failed_order: Option<u32>,
+    pub failed_in: Vec<String>,
 }
 
 /// Build the plan. `m` is what the machine allows, read once by the caller.
@@ -93,7 +94,19 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
     if cfg.workload.is_empty() && fragment.is_none() {
         bail!("{}: nothing to do: add a [[workload]] table or a [fragment] target", src.path.display());
     }
-    let expect = Expect { errno: cfg.expect.errno.clone(), failed_order: cfg.expect.failed_order };
+    let expect = Expect {
+        errno: cfg.expect.errno.clone(),
+        failed_order: cfg.expect.failed_order,
+        failed_in: cfg.expect.failed_in.clone(),
+    };
+    for (i, f) in expect.failed_in.iter().enumerate() {
+        if f.is_empty() || !f.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') {
+            bail!(
+                "{}: {f:?} is not a kernel function name as stack traces show it (e.g. sctp_packet_transmit)",
+                src.locate(&["expect", "failed_in", &i.to_string()])
+            );
+        }
+    }
     for (i, e) in expect.errno.iter().enumerate() {
         if !known_errno(e) {
             bail!(

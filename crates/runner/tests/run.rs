@@ -81,6 +81,7 @@ fn broken_configs_are_refused_clearly_and_change_nothing() {
         ("sweep-no-such-option.toml", "clients"),
         ("sweep-no-such-sysctl.toml", "no_such_knob"),
         ("bad-errno.toml", "ENOTREAL"),
+        ("bad-failed-in.toml", "[expect] failed_in.0"),
         ("nothing-to-do.toml", "nothing to do"),
         ("decimal-size.toml", "binary units"),
         ("zero-iterations.toml", "[run] iterations"),
