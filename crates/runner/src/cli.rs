@@ -31,8 +31,9 @@ pub enum Command {
     Release,
     /// Run one workload and report throughput, latency, CPU and failures by errno.
     Workload(WorkloadArgs),
-    /// Serve the TCP/SCTP workloads' server side for a client on another host (`--peer`).
-    Serve(crate::workload::tcp::ServeArgs),
+    /// Serve the TCP or SCTP (`--proto sctp`) workloads' server side for a client on another host
+    /// (`--peer`).
+    Serve(crate::workload::tcp::ServeCommand),
     /// Boot a kernel under test in qemu and run a fraglab command inside it.
     Vm(crate::vm::VmArgs),
     /// Read a saved dmesg / syslog / journal: allocation failures by order, mode and command, OOM

@@ -776,6 +776,93 @@ impl Default for ServerOpts {
     }
 }
 
+/// `fraglab serve --proto sctp`: the server side's own options. Against a `--peer` a client's
+/// `--sndbuf`/`--rcvbuf`/`--streams` set only its own end; these set the server's.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+#[group(id = "SctpServeArgs")]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeArgs {
+    /// SCTP_INITMSG out and in streams on the listening socket, 1-65535 [default: the kernel's, 10 out
+    /// and 65535 in]. 65535: sctp-connect --streams 65535 gets 65535 each way, as with its in-process
+    /// server.
+    #[arg(long, value_name = "S")]
+    pub streams: Option<u64>,
+    /// one-to-one (SOCK_STREAM, a thread per association) or one-to-many (SOCK_SEQPACKET, one socket and
+    /// thread for all) [default: one-to-one]. Clients of either style can use either.
+    #[arg(long, value_enum, value_name = "STYLE")]
+    pub style: Option<Style>,
+    /// SO_SNDBUF of the server's sockets [default: the kernel's].
+    #[arg(long, value_name = "SIZE")]
+    #[serde(deserialize_with = "opt_size_text")]
+    pub sndbuf: Option<String>,
+    /// SO_RCVBUF of the server's sockets [default: the kernel's].
+    #[arg(long, value_name = "SIZE")]
+    #[serde(deserialize_with = "opt_size_text")]
+    pub rcvbuf: Option<String>,
+}
+
+impl ServeArgs {
+    /// The first of these flags that was given, for refusing them with another protocol.
+    pub fn first_given(&self) -> Option<&'static str> {
+        [
+            ("--streams", self.streams.is_some()),
+            ("--style", self.style.is_some()),
+            ("--sndbuf", self.sndbuf.is_some()),
+            ("--rcvbuf", self.rcvbuf.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(flag, given)| given.then_some(flag))
+    }
+
+    /// Check the flags (as the sctp kinds word it: `--streams 70000: must be 1 to 65535 ...`) and
+    /// turn them into the server's options, without opening a socket. SCTP_NODELAY is on: a reply
+    /// goes out at once, as the in-process server answers sctp-rr.
+    pub fn resolve(&self) -> Result<ServerOpts> {
+        let streams = match self.streams {
+            None => None,
+            Some(n @ 1..=65535) => Some(n as u16),
+            Some(n) => bail!("--streams {n}: must be 1 to 65535 (SCTP stream numbers are 16-bit)"),
+        };
+        let c = Common::resolve(
+            self.style.unwrap_or(Style::OneToOne),
+            None,
+            self.sndbuf.as_deref(),
+            self.rcvbuf.as_deref(),
+        )?;
+        Ok(ServerOpts {
+            style: c.style,
+            streams,
+            sndbuf: c.sndbuf,
+            rcvbuf: c.rcvbuf,
+            nodelay: true,
+            ..ServerOpts::default()
+        })
+    }
+}
+
+impl ServerOpts {
+    /// How `fraglab serve` describes the server: `one-to-one, 65535 streams`.
+    pub fn describe(&self) -> String {
+        let streams = match self.streams {
+            Some(n) => format!("{n} streams each way"),
+            None => "the kernel's stream counts".into(),
+        };
+        let mut s = format!("{}, {streams}", self.style.name());
+        for (name, b) in [("SO_SNDBUF", self.sndbuf), ("SO_RCVBUF", self.rcvbuf)] {
+            if let Some(b) = b {
+                s += &format!(", {name} {b}");
+            }
+        }
+        s
+    }
+}
+
+/// Whether the kernel can open an SCTP socket; without SCTP the error is [`super::Unsupported`],
+/// naming EPROTONOSUPPORT and what to do ([`NO_SCTP`]).
+pub fn check_kernel() -> Result<()> {
+    check_sctp()
+}
+
 /// What the server side saw.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ServerReport {
@@ -1795,6 +1882,41 @@ mod tests {
             .contains("unknown field"));
         let c: ConnectArgs = toml::from_str("associations = 5\nmessage_per_stream = true").unwrap();
         assert!(c.message_per_stream && c.streams == 65535);
+    }
+
+    #[test]
+    fn serve_args_resolve_to_server_opts() {
+        let o = ServeArgs::default().resolve().unwrap();
+        assert_eq!(
+            (o.style, o.streams, o.sndbuf, o.rcvbuf, o.nodelay),
+            (Style::OneToOne, None, None, None, true)
+        );
+        assert_eq!(o.describe(), "one-to-one, the kernel's stream counts");
+        assert_eq!(ServeArgs::default().first_given(), None);
+        let a = ServeArgs {
+            streams: Some(65535),
+            style: Some(Style::OneToMany),
+            sndbuf: Some("64KiB".into()),
+            rcvbuf: None,
+        };
+        assert_eq!(a.first_given(), Some("--streams"));
+        let o = a.resolve().unwrap();
+        assert_eq!((o.style, o.streams, o.sndbuf), (Style::OneToMany, Some(65535), Some(65536)));
+        assert_eq!(o.describe(), "one-to-many, 65535 streams each way, SO_SNDBUF 65536");
+        let err = |a: ServeArgs| a.resolve().unwrap_err().to_string();
+        assert_eq!(
+            err(ServeArgs { streams: Some(65536), ..Default::default() }),
+            "--streams 65536: must be 1 to 65535 (SCTP stream numbers are 16-bit)"
+        );
+        assert_eq!(
+            err(ServeArgs { sndbuf: Some("12KB".into()), ..Default::default() }),
+            "--sndbuf 12KB: \"12KB\": write binary units (KiB) — fraglab does not guess whether KB means 1000 \
+             or 1024"
+        );
+        assert_eq!(
+            ServeArgs { rcvbuf: Some("1".into()), ..Default::default() }.first_given(),
+            Some("--rcvbuf")
+        );
     }
 
     #[test]
