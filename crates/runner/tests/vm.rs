@@ -316,3 +316,177 @@ fn a_guest_kernel_panic_is_125_with_the_console() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The number before `word` in a line of `fraglab serve`'s summary (`7 associations`).
+fn count_before(line: &str, word: &str) -> u64 {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let i = words
+        .iter()
+        .position(|w| w.trim_end_matches(',') == word)
+        .unwrap_or_else(|| panic!("{word}: {line}"));
+    words[i - 1].parse().unwrap_or_else(|e| panic!("{word}: {e}: {line}"))
+}
+
+/// One boot, two things SCTP needs a guest for. (1) `fraglab serve --proto sctp` serves the three sctp
+/// kinds as a `--peer` — stream and rr traffic counted at both ends, sctp-connect's 65535 streams each
+/// way — and SIGINT gives its summary. (2) `fraglab run`'s stop flag reaches an sctp workload: SIGINT
+/// 3 s into a baseline run's 60 s sctp-stream gives exit 130, run.json incomplete/interrupted, the
+/// stream's result stopped after ~3 s, and the guest powers off long before 60 s.
+#[test]
+fn sctp_serve_for_a_peer_and_sigint_stops_an_sctp_run() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("sctp-serve");
+    let config = dir.join("stop.toml");
+    std::fs::write(
+        &config,
+        "[run]\nname = \"sctp-stop\"\ndescription = \"a 60 s sctp-stream, SIGINT after 3 s\"\n\n\
+         [[workload]]\nkind = \"sctp-stream\"\nduration = \"60s\"\n",
+    )
+    .unwrap();
+    // dash's read works on regular files, so /proc/net/sctp/snmp is copied with cat before it is read.
+    let script = dir.join("sctp.sh");
+    std::fs::write(
+        &script,
+        "peer=127.0.0.1:12866\n\
+         established() {\n\
+           cat /proc/net/sctp/snmp > snmp; est=0\n\
+           while read k v; do [ \"$k\" = SctpCurrEstab ] && est=$v; done < snmp\n\
+           [ \"$est\" -gt 0 ]\n\
+         }\n\
+         cat /proc/uptime > uptime-start\n\
+         fraglab serve --proto sctp --listen $peer --streams 65535 --duration 120s > serve.out 2> serve.err &\n\
+         serve=$!\n\
+         i=0; until [ -s serve.out ] || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done\n\
+         fraglab workload --json sctp-stream --peer $peer --duration 3s > stream.json 2> stream.err\n\
+         fraglab workload --json sctp-rr --peer $peer --duration 2s > rr.json 2> rr.err\n\
+         fraglab workload --json sctp-connect --peer $peer --streams 65535 --associations 5 > connect.json \
+           2> connect.err\n\
+         kill -INT $serve; wait $serve; echo $? > serve.status\n\
+         cat /proc/uptime > uptime-serve\n\
+         fraglab run stop.toml -o out > run.out 2> run.err &\n\
+         run=$!\n\
+         i=0; until established || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done\n\
+         cat /proc/uptime > uptime-established\n\
+         sleep 3\n\
+         cat /proc/uptime > uptime-sigint\n\
+         kill -INT $run; wait $run; echo $? > run.status\n\
+         cat /proc/uptime > uptime-end\n",
+    )
+    .unwrap();
+    let results = dir.join("results");
+    let t = std::time::Instant::now();
+    let out = vm(&[
+        "--script",
+        script.to_str().unwrap(),
+        "--file",
+        &format!("{}:stop.toml", config.display()),
+        "--extra-bin",
+        "cat",
+        "--extra-bin",
+        "sleep",
+        "--results",
+        results.to_str().unwrap(),
+    ]);
+    let wall = t.elapsed().as_secs_f64();
+    assert_eq!(out.status.code(), Some(0));
+    let uptime = |name: &str| -> f64 {
+        read(&results, name)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    let (start, served, established) =
+        (uptime("uptime-start"), uptime("uptime-serve"), uptime("uptime-established"));
+    let (sigint, end) = (uptime("uptime-sigint"), uptime("uptime-end"));
+    eprintln!(
+        "guest uptime: script start {start:.1} s, serve part done {served:.1} s, run's association up \
+         {established:.1} s, SIGINT {sigint:.1} s, end {end:.1} s; fraglab vm wall time {wall:.1} s"
+    );
+    let result_json = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&read(&results, name)).unwrap_or_else(|e| {
+            panic!(
+                "{name}: {e}; stderr: {}",
+                std::fs::read_to_string(results.join(name.replace(".json", ".err"))).unwrap_or_default()
+            )
+        })
+    };
+
+    // (1) serve and its peers.
+    let serve = read(&results, "serve.out");
+    eprintln!("serve.out:\n{serve}serve.err:\n{}", read(&results, "serve.err"));
+    assert_eq!(read(&results, "serve.status").trim(), "0", "serve exits 0 on SIGINT");
+    let mut lines = serve.lines();
+    let first = lines.next().unwrap();
+    assert!(
+        first.starts_with("fraglab serve: listening on 127.0.0.1:12866 (SCTP one-to-one, 65535 streams"),
+        "{first}"
+    );
+    let summary = lines.next().unwrap();
+    assert!(lines.next().is_none(), "no error lines: {serve}");
+    let (stream, rr, connect) =
+        (result_json("stream.json"), result_json("rr.json"), result_json("connect.json"));
+    for r in [&stream, &rr, &connect] {
+        eprintln!(
+            "{}: {} ok, {} failed, {} bytes in {:.2} s",
+            r["kind"],
+            r["ok"],
+            r["failed"],
+            r["bytes"],
+            r["duration_s"].as_f64().unwrap()
+        );
+        assert_eq!((r["failed"].as_u64(), r["errors"].as_array().map(Vec::len)), (Some(0), Some(0)), "{r:#}");
+        assert_eq!(r["details"]["peer"], "127.0.0.1:12866", "{r:#}");
+        assert!(r["details"].get("server_associations").is_none(), "no in-process server: {r:#}");
+    }
+    let (stream_ok, rr_ok) = (stream["ok"].as_u64().unwrap(), rr["ok"].as_u64().unwrap());
+    assert!(stream_ok > 0 && stream["bytes"].as_u64().unwrap() == stream_ok * 12000, "{stream:#}");
+    assert!(rr_ok > 0 && rr["latency_us"]["count"] == rr["ok"], "{rr:#}");
+    assert_eq!(connect["ok"], 5, "{connect:#}");
+    for k in ["sstat_outstrms", "sstat_instrms"] {
+        assert_eq!(connect["details"][k], 65535, "serve --streams 65535 offers 65535 each way: {connect:#}");
+    }
+    assert_eq!(connect["details"]["associations_with_fewer_streams"], 0, "{connect:#}");
+    // One association per stream thread, rr client and sctp-connect association; every message the
+    // clients sent arrived, and every rr request was answered.
+    assert_eq!(count_before(summary, "associations"), 7, "{summary}");
+    assert_eq!(count_before(summary, "messages"), stream_ok + rr_ok, "{summary}");
+    assert_eq!(count_before(summary, "replies"), rr_ok, "{summary}");
+    assert_eq!(count_before(summary, "unfinished"), 0, "{summary}");
+
+    // (2) SIGINT to a run in its 60 s sctp-stream.
+    eprintln!("run.out:\n{}run.err:\n{}", read(&results, "run.out"), read(&results, "run.err"));
+    assert_eq!(
+        read(&results, "run.status").trim(),
+        "130",
+        "an interrupted run exits 130, also when the signal came during its last workload"
+    );
+    let found: Vec<PathBuf> =
+        std::fs::read_dir(results.join("out")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let run = json(&found[0].join("run.json"));
+    assert_eq!(
+        (run["status"].as_str(), run["verdict"].as_str()),
+        (Some("incomplete"), Some("interrupted")),
+        "{run:#}"
+    );
+    assert!(run["fragment"].is_null(), "a baseline run: {run:#}");
+    let workloads = json(&found[0].join("workloads.json"));
+    let w = workloads.as_array().unwrap();
+    assert_eq!(w.len(), 1, "{workloads:#}");
+    let r = &w[0]["result"];
+    let took = r["duration_s"].as_f64().unwrap();
+    let note =
+        r["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).find(|n| n.starts_with("stopped"));
+    eprintln!("run's sctp-stream: {} ok, {} bytes, {took:.2} s; {note:?}", r["ok"], r["bytes"]);
+    assert_eq!(r["kind"], "sctp-stream", "{r:#}");
+    assert_eq!(r["details"]["stopped_by_signal"], true, "{r:#}");
+    assert!(note.is_some_and(|n| n.ends_with("of the 1m asked for")), "{r:#}");
+    assert!((1.0..15.0).contains(&took), "stopped ~3 s in, not after the 60 s asked for: {took}");
+    assert!(r["ok"].as_u64().unwrap() > 0 && r["failed"] == 0, "{r:#}");
+    assert_eq!(r["details"]["server_bytes"], r["bytes"], "the in-process server got every byte: {r:#}");
+    assert!(end - sigint < 5.0, "the run exited {:.1} s after SIGINT", end - sigint);
+    assert!(end < 60.0, "the guest was done after {end:.1} s, before the 60 s stream could have ended");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
