@@ -196,6 +196,11 @@ fn pipeline(
         }
     }
 
+    // A signal that stopped the last workload is seen only here: the loop's check comes before each.
+    if interrupted.is_none() && stop.load(Ordering::Relaxed) {
+        interrupted = Some("interrupted by a signal".to_string());
+    }
+
     phases.begin("release");
     let failures = catcher.stop()?.failures;
     let kernel_log = kmsg.map(|k| k.stop()).transpose()?.unwrap_or_default();

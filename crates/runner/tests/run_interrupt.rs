@@ -276,11 +276,18 @@ fn assert_interrupted(sc: &Scratch, run: &mut Running, before: &[(String, String
     result
 }
 
-fn baseline_config(workload: &str) -> String {
+/// `workload`, then (when `then_more`) a trigger the run must never reach. Without it the signal
+/// stops the run's last workload, after which no check at the top of the loop comes to see it.
+fn baseline_config(workload: &str, then_more: bool) -> String {
+    let more = if then_more {
+        "# Never reached: the run stops first.\n[[workload]]\nkind = \"trigger\"\ntrigger = \"pipe-resize\"\n\
+         bytes = \"16MiB\"\nrepeat = 1\n"
+    } else {
+        ""
+    };
     format!(
         "[run]\nname = \"interrupt\"\ndescription = \"a long workload, then Ctrl-C\"\n\n[probe]\ninterval = \
-         \"200ms\"\n\n[sweep]\nsysctl.\"{SWEPT}\" = [1]\n\n{workload}\n# Never reached: the run stops \
-         first.\n[[workload]]\nkind = \"trigger\"\ntrigger = \"pipe-resize\"\nbytes = \"16MiB\"\nrepeat = 1\n"
+         \"200ms\"\n\n[sweep]\nsysctl.\"{SWEPT}\" = [1]\n\n{workload}\n{more}"
     )
 }
 
@@ -292,6 +299,7 @@ fn sigint_stops_a_60s_tcp_stream_at_once_and_restores_the_sysctls() {
         "tcp",
         &baseline_config(
             "[[workload]]\nkind = \"tcp-stream\"\nthreads = 2\nduration = \"60s\"\nmsg = \"16KiB\"\n",
+            true,
         ),
     );
     let mut run = Running::start(&sc);
@@ -313,7 +321,7 @@ fn sigint_stops_a_60s_tcp_stream_at_once_and_restores_the_sysctls() {
 }
 
 #[test]
-fn sigint_stops_an_exec_workload_and_its_whole_process_group() {
+fn sigint_stops_an_exec_workload_and_its_whole_process_group_even_as_the_last_workload() {
     let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let before = sysctls();
     // A marker no other process has, in the grandchild's command line: it must go too.
@@ -323,7 +331,9 @@ fn sigint_stops_an_exec_workload_and_its_whole_process_group() {
         &baseline_config(&format!(
             "[[workload]]\nkind = \"exec\"\ntimeout = \"60s\"\ncommand = [\"sh\", \"-c\", \"sleep {marker} & echo \
              started; wait\"]\n"
-        )),
+            ),
+            false,
+        ),
     );
     let mut run = Running::start(&sc);
     run.wait_for_workload(&sc, Duration::from_millis(500));
