@@ -1,5 +1,5 @@
 //! `fraglab vm` end to end: real qemu boots of Debian's cloud kernel (fetched with apt into
-//! ~/.cache/fraglab on first use). Six boots, one at a time: TCG guests on a 2-core machine slow
+//! ~/.cache/fraglab on first use). Eight boots, one at a time: TCG guests on a 2-core machine slow
 //! each other down. Needs qemu-system-x86 and apt lists (`apt-get update`), which scripts/test
 //! installs; the first run also builds a static fraglab for the guest (a few minutes).
 
@@ -488,5 +488,31 @@ fn sctp_serve_for_a_peer_and_sigint_stops_an_sctp_run() {
     assert_eq!(r["details"]["server_bytes"], r["bytes"], "the in-process server got every byte: {r:#}");
     assert!(end - sigint < 5.0, "the run exited {:.1} s after SIGINT", end - sigint);
     assert!(end < 60.0, "the guest was done after {end:.1} s, before the 60 s stream could have ended");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A reproducer on a current kernel, found while reproducing seed 000: a 32 KiB SCTP message on lo
+/// (MTU 65536) is one DATA chunk in one order-4 skb; on the fragmented guest sendmsg() gets ENOMEM and
+/// the catcher has the order-4 failure in sctp_datamsg_from_user's stack ([expect] failed_in).
+#[test]
+fn sctp_lo_mtu64k_reproduces_enomem_from_an_order_4_skb() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (out, dir) = vm_run("sctp-lo-mtu64k", &[], &[]);
+    assert_eq!(out.status.code(), Some(1), "exit 1: reproduced");
+    let results = results_dir(&dir, "sctp-lo-mtu64k");
+    let workloads = json(&results.join("workloads.json"));
+    let stream = &workloads[0]["result"];
+    assert_eq!(stream["kind"], "sctp-stream", "{stream}");
+    let enomem = stream["errors"].as_array().unwrap().iter().find(|e| e["errno"] == "ENOMEM");
+    assert!(enomem.is_some_and(|e| e["count"].as_u64().unwrap() > 0), "sendmsg got ENOMEM: {stream}");
+    let in_sctp = std::fs::read_to_string(results.join("alloc_failures.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|f| f["order"] == 4)
+        .filter(|f| f["stack"].as_array().unwrap().iter().any(|s| s == "sctp_datamsg_from_user"))
+        .count();
+    eprintln!("order-4 failures in sctp_datamsg_from_user: {in_sctp}");
+    assert!(in_sctp > 0, "the catcher has the order-4 skb failure in SCTP's stack");
     std::fs::remove_dir_all(&dir).unwrap();
 }
