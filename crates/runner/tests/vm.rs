@@ -1,5 +1,5 @@
 //! `fraglab vm` end to end: real qemu boots of Debian's cloud kernel (fetched with apt into
-//! ~/.cache/fraglab on first use). Eight boots, one at a time: TCG guests on a 2-core machine slow
+//! ~/.cache/fraglab on first use). Nine boots, one at a time: TCG guests on a 2-core machine slow
 //! each other down. Needs qemu-system-x86 and apt lists (`apt-get update`), which scripts/test
 //! installs; the first run also builds a static fraglab for the guest (a few minutes).
 
@@ -514,5 +514,30 @@ fn sctp_lo_mtu64k_reproduces_enomem_from_an_order_4_skb() {
         .count();
     eprintln!("order-4 failures in sctp_datamsg_from_user: {in_sctp}");
     assert!(in_sctp > 0, "the catcher has the order-4 skb failure in SCTP's stack");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A hung guest command is 125 too, and what it wrote before it hung still comes back: init kills it
+/// at the guest-side deadline (`--timeout` minus a quarter, at most 20 s) and sends the results.
+#[test]
+fn a_hung_guest_command_is_125_with_its_results_so_far() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("hang");
+    let script = dir.join("hang.sh");
+    std::fs::write(&script, "echo written before the hang > partial.txt\nsleep 600\n").unwrap();
+    let results = dir.join("results");
+    let out = Command::new(FRAGLAB)
+        .args(["vm", "--kernel", "debian-cloud", "--timeout", "40s", "--extra-bin", "sleep"])
+        .arg("--script")
+        .arg(&script)
+        .arg("--results")
+        .arg(&results)
+        .output()
+        .expect("run fraglab vm");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("--- {}\n{stderr}", out.status);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr.contains("timed out: the command was still running at 30 s"), "{stderr}");
+    assert_eq!(read(&results, "partial.txt"), "written before the hang\n");
     std::fs::remove_dir_all(&dir).unwrap();
 }
