@@ -1118,3 +1118,35 @@ fn floor_is_validated_with_no_side_effect() {
     assert!(!dir.exists(), "a refused or dry-run command created {}", dir.display());
     assert_sysctls(&before, "refused --floor");
 }
+
+/// 1c. An error after fragmenting (here a sweep value the kernel refuses with EINVAL): the run stops
+///     with 255, and every sysctl is back *before* the process exits, with the journal gone, so no
+///     later fraglab has anything to repair. (`Guarded`'s Drop joins its thread so the fragmenter is
+///     dropped on the pipeline's thread before the instance lock; without it the restore raced the
+///     process's exit — a race this test only catches when it is lost.)
+#[test]
+fn an_error_after_fragmenting_restores_before_the_process_exits() {
+    let _s = serial();
+    let dir = scratch("error-mid-run");
+    let out = scratch("error-mid-run-results");
+    let config = scratch("error-mid-run-config");
+    std::fs::create_dir_all(&config).unwrap();
+    let path = config.join("einval.toml");
+    std::fs::write(
+        &path,
+        "[run]\nname = \"einval\"\n\n[fragment]\nmax_free_order = 2\nbudget = \"256MiB\"\n\n[sweep]\n\
+         sysctl.\"net.core.high_order_alloc_disable\" = [5]\n\n[[workload]]\nkind = \"exec\"\n\
+         command = [\"true\"]\n",
+    )
+    .unwrap();
+    let before = sysctls();
+    let run = fraglab(&dir, &["run", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let err = stderr(&run);
+    assert_eq!(run.status.code(), Some(255), "{err}");
+    assert!(err.contains("net.core.high_order_alloc_disable"), "{err}");
+    // Read at once: nothing else is going to put these back.
+    assert!(!dir.join("sysctl.journal").exists(), "the journal was left for someone else to replay");
+    assert_sysctls(&before, "right after the failed run");
+    let r = read_json(&results_dir(&out).unwrap().join("run.json"));
+    assert_eq!(r["status"], "incomplete", "{r}");
+}
