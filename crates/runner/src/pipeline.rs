@@ -454,11 +454,10 @@ fn verdict(
     }
     let min_order = expect.failed_order.unwrap_or(catch_min_order);
     let wanted = &expect.failed_in;
-    let caught = failures
-        .iter()
-        .filter(|f| f.order >= min_order)
-        .filter(|f| wanted.is_empty() || f.stack.iter().any(|s| wanted.contains(s)))
-        .count();
+    // `foo.isra.0`, `foo.constprop.0`: the compiler's clones of foo are foo.
+    let names = |frame: &str| wanted.iter().any(|w| frame == w || frame.starts_with(&format!("{w}.")));
+    let of_order: Vec<_> = failures.iter().filter(|f| f.order >= min_order).collect();
+    let caught = of_order.iter().filter(|f| wanted.is_empty() || f.stack.iter().any(|s| names(s))).count();
     let in_what = if wanted.is_empty() { String::new() } else { format!(" in {}", wanted.join("/")) };
     if caught > 0 {
         return (
@@ -467,6 +466,18 @@ fn verdict(
         );
     }
     if !wanted.is_empty() {
+        // A failure whose stack the catcher did not get (the ring buffer overflowed, the stack came
+        // too late) may have been in the wanted function: that is not a "no".
+        let unknown = of_order.iter().filter(|f| f.stack.is_empty()).count();
+        if unknown > 0 {
+            return (
+                Verdict::CouldNotTest,
+                format!(
+                    "{unknown} failed allocations of order ≥ {min_order} were caught without a stack: cannot \
+                     tell whether they were{in_what}"
+                ),
+            );
+        }
         // The kernel log's reports carry no parsed stack: they cannot say where they failed.
         return (
             Verdict::NotReproduced,
@@ -592,6 +603,30 @@ mod tests {
         // Without failed_in they count.
         let (v, _) = verdict(&expect(&[], Some(4), &[]), 4, &[], &thp, &[]);
         assert_eq!(v, Verdict::Reproduced);
+    }
+
+    #[test]
+    fn failed_in_matches_compiler_clones_and_a_missing_stack_cannot_say_no() {
+        let mut clone = caught();
+        for f in &mut clone {
+            for s in &mut f.stack {
+                if s == "sctp_datamsg_from_user" {
+                    *s = "sctp_datamsg_from_user.isra.0".into();
+                }
+            }
+        }
+        let sctp = expect(&[], Some(4), &["sctp_datamsg_from_user"]);
+        assert_eq!(verdict(&sctp, 4, &[], &clone, &[]).0, Verdict::Reproduced);
+        // Not a prefix match: sctp_datamsg_from_user_x is another function.
+        assert_eq!(
+            verdict(&expect(&[], Some(4), &["sctp_datamsg"]), 4, &[], &clone, &[]).0,
+            Verdict::NotReproduced
+        );
+        let mut stackless = caught();
+        stackless.iter_mut().for_each(|f| f.stack.clear());
+        let (v, why) = verdict(&sctp, 4, &[], &stackless, &[]);
+        assert_eq!(v, Verdict::CouldNotTest, "{why}");
+        assert!(why.contains("without a stack"), "{why}");
     }
 
     #[test]
