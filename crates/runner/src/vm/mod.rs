@@ -221,6 +221,35 @@ fn warn_if_results_stay_in_guest(r: &crate::cli::RunArgs) {
     }
 }
 
+/// The guest directories a relative path walks through before each `..` (`a/b/../../x` → /results/a,
+/// /results/a/b), which the kernel must find when it resolves the path.
+fn dirs_before_parent_steps(host: &Path) -> Vec<String> {
+    use std::path::Component;
+    if host.is_absolute() {
+        return Vec::new();
+    }
+    let mut dirs = Vec::new();
+    let mut walked = PathBuf::from(init::RESULTS_DIR);
+    for c in host.components() {
+        match c {
+            // Above /results the kernel's own tree (and init's /results) is there already.
+            Component::ParentDir
+                if walked.starts_with(init::RESULTS_DIR) && walked != Path::new(init::RESULTS_DIR) =>
+            {
+                dirs.push(guest_path(&walked))
+            }
+            Component::ParentDir => {}
+            Component::Normal(n) => {
+                walked.push(n);
+                continue;
+            }
+            _ => continue,
+        }
+        walked.pop();
+    }
+    dirs
+}
+
 /// Where the guest resolves `host` from its working directory /results, lexically (the initramfs
 /// holds no symlinks of ours to follow).
 fn guest_path(host: &Path) -> String {
@@ -358,6 +387,12 @@ fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<ini
             eprintln!("fraglab vm: carrying {} to {}", c.host.display(), c.guest);
         }
         fs.host_file(&c.guest, &c.host).with_context(|| format!("carrying {}", c.host.display()))?;
+        // The guest's kernel resolves `configs/../x.toml` by walking configs/ first: it must exist.
+        for d in dirs_before_parent_steps(&c.host) {
+            if !fs.contains(&d) {
+                fs.dir(&d)?;
+            }
+        }
     }
     // Leave the guest time to send what the command wrote before the host's timeout: a quarter of
     // it, at most 20 s (guest uptime starts a second or two after qemu does).
@@ -507,7 +542,7 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
                 Some(dir) => {
                     std::fs::create_dir_all(dir).with_context(|| format!("--results {}", dir.display()))?;
                     // Files carried in under /results come back too; one that would land on its own
-                    // source (`vm -- run configs/x.toml` unpacking into .) is left alone.
+                    // source is left alone.
                     let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b))
                     {
                         (Ok(a), Ok(b)) => a == b,
@@ -519,7 +554,9 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
                         .filter_map(|c| {
                             Path::new(&c.guest).strip_prefix(init::RESULTS_DIR).ok().map(|r| (c, r))
                         })
-                        .filter(|(c, rel)| same(&c.host, &dir.join(rel)))
+                        // Into the current directory by default (`run`): no carried file comes back
+                        // at all, so none can land on a different file of the user's there.
+                        .filter(|(c, rel)| args.results.is_none() || same(&c.host, &dir.join(rel)))
                         .map(|(_, rel)| rel.to_path_buf())
                         .collect();
                     let files = if results.is_empty() {
@@ -586,6 +623,15 @@ mod tests {
 
     fn words(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn a_path_through_parent_steps_has_its_directories_in_the_guest() {
+        assert_eq!(dirs_before_parent_steps(Path::new("configs/../x.toml")), ["/results/configs"]);
+        assert_eq!(dirs_before_parent_steps(Path::new("a/b/../../x")), ["/results/a/b", "/results/a"]);
+        assert!(dirs_before_parent_steps(Path::new("../x.toml")).is_empty());
+        assert!(dirs_before_parent_steps(Path::new("configs/x.toml")).is_empty());
+        assert!(dirs_before_parent_steps(Path::new("/abs/../x")).is_empty());
     }
 
     #[test]
