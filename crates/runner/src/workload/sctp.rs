@@ -1060,16 +1060,17 @@ fn serve_conn(sock: Sock, sh: Arc<Shared>) {
     let mut buf = vec![0u8; SERVER_BUF];
     let mut reply = Vec::new();
     loop {
+        // Checked on every pass, not only when the socket is quiet: a peer that never pauses would
+        // otherwise hold the server past its grace period.
+        if sh.abandon.load(Ordering::SeqCst) {
+            sh.unfinished.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         match sock.recv(&mut buf) {
             Ok(r) if r.is_notification() => {}
             Ok(r) if r.len == 0 => return, // the client shut the association down
             Ok(r) => serve_data(&sock, &r, &mut reply, &sh),
-            Err(e) if would_block(&e) => {
-                if sh.abandon.load(Ordering::SeqCst) {
-                    sh.unfinished.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-            }
+            Err(e) if would_block(&e) => {}
             Err(e) => {
                 if e.raw_os_error() != Some(libc::ENOTCONN) {
                     sh.record(&e);
@@ -1089,6 +1090,14 @@ fn serve_one_to_many(sock: Sock, sh: Arc<Shared>) {
         if stopping_since.is_none() && sh.stop.load(Ordering::SeqCst) {
             stopping_since = Some(Instant::now());
         }
+        // Past the grace period leave even while data keeps coming: a peer that never pauses would
+        // otherwise hold the server forever.
+        if stopping_since.is_some_and(|since| since.elapsed() > SERVER_GRACE)
+            || sh.abandon.load(Ordering::SeqCst)
+        {
+            sh.unfinished.fetch_add(open.len() as u64, Ordering::Relaxed);
+            return;
+        }
         match sock.recv(&mut buf) {
             Ok(r) if r.is_notification() => {
                 if let Some(c) = assoc_change(&buf[..r.len]) {
@@ -1107,12 +1116,8 @@ fn serve_one_to_many(sock: Sock, sh: Arc<Shared>) {
             Ok(r) => serve_data(&sock, &r, &mut reply, &sh),
             Err(e) if would_block(&e) => {
                 // Quiet for a tick: when stopping, leave once every association has closed.
-                if let Some(since) = stopping_since {
-                    if open.is_empty() || since.elapsed() > SERVER_GRACE || sh.abandon.load(Ordering::SeqCst)
-                    {
-                        sh.unfinished.fetch_add(open.len() as u64, Ordering::Relaxed);
-                        return;
-                    }
+                if stopping_since.is_some() && open.is_empty() {
+                    return;
                 }
             }
             Err(e) => {
