@@ -1,5 +1,5 @@
 //! `fraglab vm` end to end: real qemu boots of Debian's cloud kernel (fetched with apt into
-//! ~/.cache/fraglab on first use). Nine boots, one at a time: TCG guests on a 2-core machine slow
+//! ~/.cache/fraglab on first use). Ten boots, one at a time: TCG guests on a 2-core machine slow
 //! each other down. Needs qemu-system-x86 and apt lists (`apt-get update`), which scripts/test
 //! installs; the first run also builds a static fraglab for the guest (a few minutes).
 
@@ -553,5 +553,43 @@ fn a_hung_guest_command_is_125_with_its_results_so_far() {
     assert_eq!(out.status.code(), Some(125));
     assert!(stderr.contains("timed out: the command was still running at 30 s"), "{stderr}");
     assert_eq!(read(&results, "partial.txt"), "written before the hang\n");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The SCTP workload tests (`tests/workload_sctp.rs`) skip on a host without SCTP, like this one:
+/// here they run for real, their test binary carried into the guest with its libraries. `cargo test
+/// --workspace` builds every test binary before running any, so the newest one beside this binary is
+/// the current one (running `--test vm` alone uses the last build of workload_sctp).
+#[test]
+fn the_sctp_workload_tests_run_in_the_guest() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let me = std::env::current_exe().unwrap();
+    let deps = me.parent().unwrap();
+    let binary = std::fs::read_dir(deps)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.starts_with("workload_sctp-") && p.extension().is_none()
+        })
+        .max_by_key(|p| std::fs::metadata(p).unwrap().modified().unwrap())
+        .unwrap_or_else(|| {
+            panic!("no workload_sctp test binary in {}: cargo test --workspace builds it", deps.display())
+        });
+    eprintln!("guest runs {}", binary.display());
+    let dir = scratch("sctp-tests");
+    let script = dir.join("sctp-tests.sh");
+    std::fs::write(&script, format!("FRAGLAB_BIN=/bin/fraglab {} --test-threads=1\n", binary.display()))
+        .unwrap();
+    let out = vm(&["--extra-bin", binary.to_str().unwrap(), "--script", script.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(!stdout.contains("skipping"), "the guest has SCTP: nothing may skip");
+    let tests = include_str!("workload_sctp.rs").matches("#[test]").count();
+    assert!(
+        stdout.contains(&format!("test result: ok. {tests} passed")),
+        "all {tests} ran and passed: {stdout}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
