@@ -39,6 +39,9 @@ pub const LOCK_FILE: &str = "/run/fraglab/lock";
 /// to hang. Test suites that fragment from parallel threads and processes set it to queue instead.
 pub const WAIT_ENV: &str = "FRAGLAB_LOCK_WAIT";
 
+/// The command a holder records while it only replays a dead holder's journal.
+const RECOVER: &str = "recover";
+
 /// Who holds the lock, written into the lock file for the refusal message and for recovery.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
@@ -81,6 +84,8 @@ pub struct Instance {
     /// The run directory (absolute) whose journal this holder writes.
     pub dir: PathBuf,
     holder: Holder,
+    /// The record of a holder that died without cleaning up, found and replaced by this one.
+    pub replaced: Option<Holder>,
 }
 
 impl Instance {
@@ -100,9 +105,10 @@ impl Instance {
         while !try_lock(&file) {
             let holder = Instance::holder();
             // An empty record under a held flock is a holder between flock and writing its record, or
-            // between emptying it and closing: gone or named within moments, so look again briefly
-            // rather than refuse without a name.
-            if holder.is_none() && start.elapsed() < Duration::from_millis(500) {
+            // between emptying it and closing; a `recover` holder only replays a dead one's journal.
+            // Either is gone or named within moments, so look again briefly rather than refuse.
+            let momentary = holder.as_ref().is_none_or(|h| h.command == RECOVER);
+            if momentary && start.elapsed() < Duration::from_millis(500) {
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
             }
@@ -140,7 +146,9 @@ impl Instance {
     fn take(file: File, dir: &Path, command: &str) -> Result<(Instance, Vec<Restored>)> {
         let dir = std::path::absolute(dir).with_context(|| format!("{}", dir.display()))?;
         let mut dirs = Vec::new();
-        if let Some(dead) = Instance::holder() {
+        // Holding the flock, a record still here is a dead holder's (a clean exit empties it).
+        let replaced = Instance::holder();
+        if let Some(dead) = &replaced {
             dirs.push(dead.journal_dir());
         }
         if !dirs.contains(&dir) {
@@ -160,7 +168,7 @@ impl Instance {
             run_dir: Some(dir.clone()),
             results: None,
         };
-        let mut instance = Instance { file, dir, holder };
+        let mut instance = Instance { file, dir, holder, replaced };
         instance.write_record()?;
         Ok((instance, restored))
     }
@@ -181,27 +189,21 @@ impl Instance {
         self.write_record()
     }
 
-    /// The record of a holder that died without cleaning up (SIGKILL, OOM kill, crash): its process is
-    /// gone. Read before [`Instance::recover_if_stale`], which replaces the record. A pid reused since
-    /// reads as alive, so such a holder is missed rather than a live one taken for dead.
-    pub fn dead_holder() -> Option<Holder> {
-        Instance::holder().filter(|h| !alive(h.pid))
-    }
-
     /// Restore dead fraglabs' sysctls, if any, without keeping the lock: what every fraglab command
     /// does first. Never waits: a live holder's journal is in use and is left alone. Creates nothing
-    /// when there is nothing to restore.
-    pub fn recover_if_stale(dir: &Path) -> Result<Vec<Restored>> {
+    /// when there is nothing to restore. Returns what was put back and the dead holder's record, if
+    /// this process was the one to find it — exactly one process does, under the lock.
+    pub fn recover_if_stale(dir: &Path) -> Result<(Vec<Restored>, Option<Holder>)> {
         if !dir.join(Journal::FILE).exists() && Instance::holder().is_none() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
         // Not root: the lock cannot be opened for writing, nor could a sysctl be restored.
-        let Ok(file) = open_lock() else { return Ok(Vec::new()) };
+        let Ok(file) = open_lock() else { return Ok((Vec::new(), None)) };
         if !try_lock(&file) {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
-        let (_lock, restored) = Instance::take(file, dir, "recover")?;
-        Ok(restored)
+        let (lock, restored) = Instance::take(file, dir, RECOVER)?;
+        Ok((restored, lock.replaced.clone()))
     }
 
     /// The record in the lock file: the live holder's, a dead one's not yet recovered, or `None`

@@ -25,42 +25,7 @@ pub const EXIT_UNSUPPORTED: u8 = 125;
 pub fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     // Whatever a SIGKILLed fraglab left changed is put back before anything else happens.
-    let dead = fraglab_fragmenter::instance::Instance::dead_holder();
-    match fraglab_fragmenter::instance::Instance::recover_if_stale(&cli.run_dir) {
-        Ok(restored) if !restored.is_empty() => {
-            eprintln!("fraglab: a previous fraglab died holding sysctls; restored from its journal:");
-            for r in restored {
-                eprintln!("  {r}");
-            }
-        }
-        Ok(_) => {}
-        Err(e) => eprintln!("fraglab: could not restore a previous fraglab's sysctls: {e:#}"),
-    }
-    if let Some((h, dir)) = dead.and_then(|h| h.results.clone().map(|r| (h, r))) {
-        let why = format!(
-            "fraglab pid {} died during the run (SIGKILL, an OOM kill or a crash); pid {} found it dead \
-             and restored what it had changed",
-            h.pid,
-            std::process::id()
-        );
-        match (results::ResultsDir { dir: dir.clone() }).mark_cut_short(&why) {
-            Ok(true) => eprintln!("fraglab: marked the dead run's results incomplete: {}", dir.display()),
-            Ok(false) => {}
-            Err(e) => eprintln!("fraglab: could not mark the dead run's results: {e:#}"),
-        }
-    }
-    // Triggers journal apart from the fragmenter (they run while it holds the instance lock).
-    workload::trigger::set_run_dir(&cli.run_dir);
-    match workload::trigger::recover_if_stale(&cli.run_dir) {
-        Ok(restored) if !restored.is_empty() => {
-            eprintln!("fraglab: a previous trigger died holding sysctls; restored from its journal:");
-            for r in restored {
-                eprintln!("  {r}");
-            }
-        }
-        Ok(_) => {}
-        Err(e) => eprintln!("fraglab: could not restore a previous trigger's sysctls: {e:#}"),
-    }
+    recover_after_dead_fraglabs(&cli.run_dir);
     let result = match cli.command {
         cli::Command::Run(args) => commands::run::run(args, &cli.run_dir),
         cli::Command::Probe(args) => commands::probe::run(args),
@@ -80,5 +45,46 @@ pub fn main() -> ExitCode {
             eprintln!("fraglab: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Replay the sysctl journals of fraglabs that died holding them (the instance's and the triggers'),
+/// say what was put back, and mark a dead run's results as cut short. Only the process that finds a
+/// dead holder under the lock marks its run, so two commands starting together never both write it.
+fn recover_after_dead_fraglabs(run_dir: &std::path::Path) {
+    let say = |who: &str, restored: Vec<fraglab_fragmenter::sysctl::Restored>| {
+        if !restored.is_empty() {
+            eprintln!("fraglab: a previous {who} died holding sysctls; restored from its journal:");
+            for r in restored {
+                eprintln!("  {r}");
+            }
+        }
+    };
+    match fraglab_fragmenter::instance::Instance::recover_if_stale(run_dir) {
+        Ok((restored, dead)) => {
+            say("fraglab", restored);
+            if let Some((h, dir)) = dead.and_then(|h| h.results.clone().map(|r| (h, r))) {
+                let why = format!(
+                    "fraglab pid {} died during the run (SIGKILL, an OOM kill or a crash); pid {} found it \
+                     dead and restored what it had changed",
+                    h.pid,
+                    std::process::id()
+                );
+                match (results::ResultsDir { dir: dir.clone() }).mark_cut_short(&why) {
+                    Ok(true) => {
+                        eprintln!("fraglab: marked the dead run's results incomplete: {}", dir.display())
+                    }
+                    Ok(false) => {}
+                    Err(e) => eprintln!("fraglab: could not mark the dead run's results: {e:#}"),
+                }
+            }
+        }
+        Err(e) => eprintln!("fraglab: could not restore a previous fraglab's sysctls: {e:#}"),
+    }
+    // Triggers journal apart from the fragmenter (they run while it holds the instance lock).
+    workload::trigger::set_run_dir(run_dir);
+    match workload::trigger::recover_if_stale(run_dir) {
+        Ok(restored) => say("trigger", restored),
+        Err(e) => eprintln!("fraglab: could not restore a previous trigger's sysctls: {e:#}"),
     }
 }

@@ -32,7 +32,9 @@ impl ResultsDir {
     /// Replace `file` with `value` as pretty JSON, atomically.
     pub fn write_json(&self, file: &str, value: &impl Serialize) -> Result<()> {
         let path = self.dir.join(file);
-        let tmp = self.dir.join(format!(".{file}.tmp"));
+        // Per process: two fraglabs may write one run's run.json (a run, and the command that finds
+        // it dead), and must not truncate each other's temporary file.
+        let tmp = self.dir.join(format!(".{file}.{}.tmp", std::process::id()));
         let mut f = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
         serde_json::to_writer_pretty(&mut f, value)?;
         f.write_all(b"\n")?;
