@@ -578,11 +578,13 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
             }
             Ok(ExitCode::from(verdict.exit_code()))
         }
-        Outcome::NoVerdict { qemu_status, qemu_stderr, console_tail } => {
-            let panicked = console_tail.iter().any(|l| l.contains("Kernel panic"));
+        Outcome::NoVerdict { qemu_status, qemu_stderr, console_tail, panic } => {
             eprintln!(
                 "fraglab vm: the guest ended without a verdict ({}; qemu {qemu_status}). Last console lines:",
-                if panicked { "kernel panic" } else { "no exit status from init" }
+                match &panic {
+                    Some(line) => format!("kernel panic: {line}"),
+                    None => "no exit status from init".to_string(),
+                }
             );
             tail(&console_tail);
             if !qemu_stderr.trim().is_empty() {

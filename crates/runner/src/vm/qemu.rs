@@ -60,7 +60,9 @@ pub enum Outcome {
     /// The guest's init reported the command's end.
     Finished { verdict: Verdict, results: Vec<u8>, boot: Duration, total: Duration },
     /// qemu exited without a verdict: a kernel panic (panic=-1, -no-reboot), init dying, qemu failing.
-    NoVerdict { qemu_status: String, qemu_stderr: String, console_tail: Vec<String> },
+    /// `panic` is the console's first `Kernel panic - not syncing: …` line: the stack dump after it
+    /// can push it out of the tail.
+    NoVerdict { qemu_status: String, qemu_stderr: String, console_tail: Vec<String>, panic: Option<String> },
     /// The host-side timeout passed; qemu was killed.
     TimedOut { console_tail: Vec<String>, init_started: bool },
     /// `hello_within` passed without the guest's init speaking; qemu was killed.
@@ -123,7 +125,7 @@ impl Boot<'_> {
                 )
             })?;
 
-        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let tail = Arc::new(Mutex::new(Console::default()));
         let console = {
             let out = child.stdout.take().expect("piped");
             let tail = Arc::clone(&tail);
@@ -170,7 +172,10 @@ impl Boot<'_> {
         let _ = chan.join();
         let _ = console.join();
         let qemu_stderr = stderr.join().unwrap_or_default();
-        let console_tail: Vec<String> = tail.lock().expect("tail").iter().cloned().collect();
+        let (console_tail, panic) = {
+            let c = tail.lock().expect("console");
+            (c.tail.iter().cloned().collect::<Vec<String>>(), c.panic.clone())
+        };
         let mut s = shared.lock().expect("channel state");
         if let Some(e) = &s.error {
             eprintln!("fraglab vm: channel: {e}");
@@ -184,12 +189,21 @@ impl Boot<'_> {
                 boot: s.hello.map(|h| h - start).unwrap_or_default(),
                 total,
             },
-            (None, None) => Outcome::NoVerdict { qemu_status: status.to_string(), qemu_stderr, console_tail },
+            (None, None) => {
+                Outcome::NoVerdict { qemu_status: status.to_string(), qemu_stderr, console_tail, panic }
+            }
         })
     }
 }
 
-fn console_reader(out: impl Read, log: &Path, tail: &Mutex<VecDeque<String>>, verbose: bool) {
+/// What the console reader keeps besides the log file.
+#[derive(Default)]
+struct Console {
+    tail: VecDeque<String>,
+    panic: Option<String>,
+}
+
+fn console_reader(out: impl Read, log: &Path, console: &Mutex<Console>, verbose: bool) {
     let mut file = std::fs::File::create(log).ok();
     let mut r = BufReader::new(out);
     let mut line = Vec::new();
@@ -204,13 +218,21 @@ fn console_reader(out: impl Read, log: &Path, tail: &Mutex<VecDeque<String>>, ve
         if verbose {
             eprintln!("console: {text}");
         }
-        let mut t = tail.lock().expect("tail");
-        if t.len() == TAIL_LINES {
-            t.pop_front();
+        let mut c = console.lock().expect("console");
+        if c.panic.is_none() {
+            c.panic = panic_line(&text);
         }
-        t.push_back(text);
+        if c.tail.len() == TAIL_LINES {
+            c.tail.pop_front();
+        }
+        c.tail.push_back(text);
         line.clear();
     }
+}
+
+/// The reason of a kernel panic from a console line (`[    2.55] Kernel panic - not syncing: …`).
+fn panic_line(line: &str) -> Option<String> {
+    line.find("Kernel panic - not syncing").map(|i| line[i..].to_string())
 }
 
 fn channel_reader(listener: UnixListener, shared: &Mutex<Shared>, stop: &AtomicBool, verbose: bool) {
