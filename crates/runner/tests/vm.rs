@@ -19,8 +19,15 @@ const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 const TOLERANCE_BYTES: u64 = 4 << 20;
 
 fn vm(args: &[&str]) -> Output {
+    vm_on(&["--kernel", "debian-cloud"], args)
+}
+
+/// `fraglab vm` on the kernel `kernel` names (`--kernel …` and maybe `--modules …`).
+fn vm_on(kernel: &[&str], args: &[&str]) -> Output {
     let out = Command::new(FRAGLAB)
-        .args(["vm", "--kernel", "debian-cloud", "--timeout", "240s"])
+        .arg("vm")
+        .args(kernel)
+        .args(["--timeout", "240s"])
         .args(args)
         .output()
         .expect("run fraglab vm");
@@ -554,10 +561,22 @@ fn a_hung_guest_command_is_125_with_its_results_so_far() {
 /// The SCTP workload tests (`tests/workload_sctp.rs`) skip on a host without SCTP, like this one:
 /// here they run for real, their test binary carried into the guest with its libraries. `cargo test
 /// --workspace` builds every test binary before running any, so the newest one beside this binary is
-/// the current one (running `--test vm` alone uses the last build of workload_sctp).
+/// the current one (running `--test vm` alone uses the last build of workload_sctp). The guest boots
+/// as a user's own build would: `--kernel PATH --modules INSTALL_MOD_PATH`.
 #[test]
 fn the_sctp_workload_tests_run_in_the_guest() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Booted the way a patch is tested: a bzImage by path and the INSTALL_MOD_PATH its modules went
+    // to. The Debian package unpacked in fraglab's cache has that layout (boot/vmlinuz-*,
+    // lib/modules/<release>/); sctp.ko comes only from --modules, so SCTP working proves it was used.
+    let debian =
+        fraglab::vm::kernel::resolve("debian-cloud", None, &fraglab::vm::kernel::cache_dir(), false).unwrap();
+    let prefix = debian.image.parent().unwrap().parent().unwrap();
+    assert!(
+        !Path::new("/lib/modules").join(debian.release.as_deref().unwrap()).exists(),
+        "host has the tree"
+    );
+    let kernel = ["--kernel", debian.image.to_str().unwrap(), "--modules", prefix.to_str().unwrap()];
     let me = std::env::current_exe().unwrap();
     let deps = me.parent().unwrap();
     let binary = std::fs::read_dir(deps)
@@ -576,7 +595,8 @@ fn the_sctp_workload_tests_run_in_the_guest() {
     let script = dir.join("sctp-tests.sh");
     std::fs::write(&script, format!("FRAGLAB_BIN=/bin/fraglab {} --test-threads=1\n", binary.display()))
         .unwrap();
-    let out = vm(&["--extra-bin", binary.to_str().unwrap(), "--script", script.to_str().unwrap()]);
+    let out =
+        vm_on(&kernel, &["--extra-bin", binary.to_str().unwrap(), "--script", script.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}");
     assert_eq!(out.status.code(), Some(0), "{stdout}");
