@@ -33,12 +33,6 @@ pub const JOURNAL: &str = "trigger.journal";
 /// sysctls it guards are. Its content names the holder's pid and run directory (where its journal is).
 pub const LOCK_FILE: &str = "/run/fraglab/trigger.lock";
 
-const PAGE_SIZE: u64 = 4096;
-/// x86_64's largest buddy block (MAX_PAGE_ORDER): order 10, 4 MiB. kmalloc refuses anything larger.
-const MAX_PAGE_ORDER: u32 = 10;
-/// SLUB serves kmalloc() up to this size from kmalloc-N caches; above it, kmalloc_large() asks the
-/// page allocator for a fresh block of get_order(size).
-const KMALLOC_MAX_CACHE_SIZE: u64 = 2 * PAGE_SIZE;
 /// sizeof(struct pipe_buffer) on 64-bit: page*, offset, len, ops*, flags (+pad), private.
 const PIPE_BUFFER_SIZE: u64 = 40;
 /// F_SETPIPE_SZ rounds to a power of two and refuses above 2^31 bytes.
@@ -51,7 +45,6 @@ const SCTP_SOCKOPT_BINDX_ADD: libc::c_int = 100;
 /// IORING_MAX_ENTRIES; sizeof(struct io_uring_sqe).
 const IORING_MAX_ENTRIES: u32 = 32768;
 const IO_URING_SQE_SIZE: u64 = 64;
-const HUGE_PAGE_SIZE: u64 = 2 << 20;
 /// How long a trigger waits for another trigger's sysctl lock before giving up.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
@@ -228,7 +221,7 @@ fn run_dir() -> PathBuf {
 
 /// Check options without touching anything: what `fraglab run` does before it fragments.
 pub fn validate(kind: &Kind) -> Result<()> {
-    plan(kind).map(drop)
+    plan(kind, &Pages::read()?).map(drop)
 }
 
 /// Run one trigger, journaling sysctls in the run directory set by [`set_run_dir`]. The calls stop
@@ -240,7 +233,7 @@ pub fn run(kind: &Kind, stop: &AtomicBool) -> Result<WorkloadResult> {
 /// Run one trigger with its sysctl journal and lock in `run_dir`.
 pub fn run_in(kind: &Kind, run_dir: &Path, stop: &AtomicBool) -> Result<WorkloadResult> {
     // Everything is validated before anything is touched.
-    let plan = plan(kind)?;
+    let plan = plan(kind, &Pages::read()?)?;
     let params = serde_json::to_value(kind)?;
     execute(plan, params, run_dir, stop)
 }
@@ -271,18 +264,51 @@ enum Call {
     IoUring { entries: u32 },
 }
 
-/// The page order of a `size`-byte allocation: get_order().
-pub fn get_order(size: u64) -> u32 {
-    let pages = size.div_ceil(PAGE_SIZE).max(1);
-    pages.next_power_of_two().trailing_zeros()
+/// The page geometry the orders depend on, read from the running kernel: x86-64 has 4 KiB pages and
+/// a largest block of order 10 (4 MiB), arm64 with 64 KiB pages order 13 (512 MiB).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pages {
+    pub page_size: u64,
+    /// MAX_PAGE_ORDER: the largest block the buddy allocator has; kmalloc refuses anything larger.
+    pub max_order: u32,
+    /// The huge page size vm.nr_hugepages allocates (meminfo Hugepagesize).
+    pub huge_page_size: u64,
 }
 
-/// The order of the pipe_buffer array F_SETPIPE_SZ allocates for `bytes`, and the pipe size the
-/// kernel rounds `bytes` to.
-pub fn pipe_resize_order(bytes: u64) -> (u32, u64) {
-    let size = bytes.max(PAGE_SIZE).next_power_of_two();
-    let slots = size / PAGE_SIZE;
-    (get_order(slots * PIPE_BUFFER_SIZE), size)
+impl Pages {
+    /// x86-64's, for tests of the arithmetic.
+    pub const X86_64: Pages = Pages { page_size: 4096, max_order: 10, huge_page_size: 2 << 20 };
+
+    /// This kernel's: the page size, the number of orders /proc/buddyinfo lists, Hugepagesize.
+    pub fn read() -> Result<Pages> {
+        let orders = fraglab_probe::buddyinfo::BuddyInfo::read()?.nr_orders();
+        let huge_page_size = meminfo_kb("Hugepagesize").map(|kb| kb * 1024).unwrap_or(2 << 20);
+        Ok(Pages { page_size: procfs::page_size(), max_order: orders as u32 - 1, huge_page_size })
+    }
+
+    /// The page order of a `size`-byte allocation: get_order().
+    pub fn order(&self, size: u64) -> u32 {
+        let pages = size.div_ceil(self.page_size).max(1);
+        pages.next_power_of_two().trailing_zeros()
+    }
+
+    /// The order of the pipe_buffer array F_SETPIPE_SZ allocates for `bytes` (one slot a page), and
+    /// the pipe size the kernel rounds `bytes` to.
+    pub fn pipe_resize_order(&self, bytes: u64) -> (u32, u64) {
+        let size = bytes.max(self.page_size).next_power_of_two();
+        let slots = size / self.page_size;
+        (self.order(slots * PIPE_BUFFER_SIZE), size)
+    }
+
+    /// SLUB serves kmalloc() up to two pages from kmalloc-N caches (KMALLOC_SHIFT_HIGH = PAGE_SHIFT
+    /// + 1); above that, kmalloc_large() asks the page allocator for a fresh block.
+    fn kmalloc_max_cache_size(&self) -> u64 {
+        2 * self.page_size
+    }
+
+    fn largest_block(&self) -> u64 {
+        self.page_size << self.max_order
+    }
 }
 
 fn size_flag(flag: &str, text: &str) -> Result<u64> {
@@ -300,24 +326,27 @@ fn repeat_flag(repeat: u64) -> Result<u64> {
     Ok(repeat)
 }
 
-fn slab_note(bytes: u64) -> Option<String> {
-    (bytes <= KMALLOC_MAX_CACHE_SIZE).then(|| {
+fn slab_note(bytes: u64, pages: &Pages) -> Option<String> {
+    let max = pages.kmalloc_max_cache_size();
+    (bytes <= max).then(|| {
         format!(
             "{bytes} bytes is served from a kmalloc slab cache, not a fresh page-allocator block per call: \
-             use more than {KMALLOC_MAX_CACHE_SIZE} bytes to exercise the buddy allocator"
+             use more than {max} bytes to exercise the buddy allocator"
         )
     })
 }
 
-fn too_big(flag: &str, text: &str, alloc: u64, order: u32) -> anyhow::Error {
+fn too_big(flag: &str, text: &str, alloc: u64, order: u32, pages: &Pages) -> anyhow::Error {
     anyhow::anyhow!(
         "--{flag} {text}: the kernel would allocate {} (order {order}), above the largest block the buddy \
-         allocator has (order {MAX_PAGE_ORDER}, 4 MiB): it fails every time, fragmented or not",
-        format_size(alloc)
+         allocator has (order {}, {}): it fails every time, fragmented or not",
+        format_size(alloc),
+        pages.max_order,
+        format_size(pages.largest_block())
     )
 }
 
-fn plan(kind: &Kind) -> Result<Plan> {
+fn plan(kind: &Kind, pages: &Pages) -> Result<Plan> {
     let name = kind.name();
     let mut p = match kind {
         Kind::PipeResize(a) => {
@@ -326,11 +355,11 @@ fn plan(kind: &Kind) -> Result<Plan> {
             if bytes > PIPE_MAX_BYTES {
                 bail!("--bytes {}: F_SETPIPE_SZ takes at most 2GiB", a.bytes);
             }
-            let (order, size) = pipe_resize_order(bytes);
-            let slots = size / PAGE_SIZE;
+            let (order, size) = pages.pipe_resize_order(bytes);
+            let slots = size / pages.page_size;
             let alloc = slots * PIPE_BUFFER_SIZE;
-            if order > MAX_PAGE_ORDER {
-                return Err(too_big("bytes", &a.bytes, alloc, order));
+            if order > pages.max_order {
+                return Err(too_big("bytes", &a.bytes, alloc, order, pages));
             }
             let mut notes = vec![format!(
                 "F_SETPIPE_SZ {} → {slots} slots × {PIPE_BUFFER_SIZE} B struct pipe_buffer = {alloc} bytes, \
@@ -338,7 +367,7 @@ fn plan(kind: &Kind) -> Result<Plan> {
                  (no dmesg warning)",
                 format_size(size)
             )];
-            notes.extend(slab_note(alloc));
+            notes.extend(slab_note(alloc, pages));
             Plan {
                 name,
                 call: Call::PipeResize { size },
@@ -362,9 +391,9 @@ fn plan(kind: &Kind) -> Result<Plan> {
             if bytes < 16 {
                 bail!("--bytes {}: IP_MSFILTER needs at least 16 bytes (struct ip_msfilter)", a.bytes);
             }
-            let order = get_order(bytes);
-            if order > MAX_PAGE_ORDER {
-                return Err(too_big("bytes", &a.bytes, bytes, order));
+            let order = pages.order(bytes);
+            if order > pages.max_order {
+                return Err(too_big("bytes", &a.bytes, bytes, order, pages));
             }
             let mut notes = vec![format!(
                 "setsockopt(IP_MSFILTER, optlen {bytes}): memdup_sockptr() = kmalloc(GFP_USER | __GFP_NOWARN), \
@@ -372,7 +401,7 @@ fn plan(kind: &Kind) -> Result<Plan> {
                  returns EINVAL — counted as success: the kernel reached the copy. ENOMEM: the allocation \
                  failed. ENOBUFS: optlen above net.core.optmem_max, refused before allocating"
             )];
-            notes.extend(slab_note(bytes));
+            notes.extend(slab_note(bytes, pages));
             Plan {
                 name,
                 call: Call::IpMsfilter { bytes },
@@ -392,9 +421,9 @@ fn plan(kind: &Kind) -> Result<Plan> {
             if bytes <= 36 {
                 bail!("--bytes {}: a control buffer of 36 bytes or less stays on the kernel stack", a.bytes);
             }
-            let order = get_order(bytes);
-            if order > MAX_PAGE_ORDER {
-                return Err(too_big("bytes", &a.bytes, bytes, order));
+            let order = pages.order(bytes);
+            if order > pages.max_order {
+                return Err(too_big("bytes", &a.bytes, bytes, order, pages));
             }
             let mut notes = vec![format!(
                 "sendmsg(msg_controllen {bytes}) to 127.0.0.1: sock_kmalloc(GFP_KERNEL), order {order}; the zeroed \
@@ -402,14 +431,14 @@ fn plan(kind: &Kind) -> Result<Plan> {
                  counted as success: the kernel reached the copy. ENOBUFS: the allocation failed (the kernel \
                  also logs \"page allocation failure\" in dmesg) — or the buffer exceeds net.core.optmem_max"
             )];
-            notes.extend(slab_note(bytes));
+            notes.extend(slab_note(bytes, pages));
             Plan {
                 name,
                 call: Call::UdpCmsg { bytes },
                 repeat,
                 order,
                 // sock_kmalloc() wants size + the socket's option memory strictly below optmem_max.
-                limit: Some(("net.core.optmem_max", bytes + PAGE_SIZE)),
+                limit: Some(("net.core.optmem_max", bytes + pages.page_size)),
                 raise: !a.no_raise,
                 details: vec![("alloc_bytes", json!(bytes))],
                 notes,
@@ -421,32 +450,33 @@ fn plan(kind: &Kind) -> Result<Plan> {
                 bail!("--pages 0: must be at least 1");
             }
             let total = meminfo_kb("MemTotal")? * 1024;
-            if a.pages.saturating_mul(HUGE_PAGE_SIZE) > total / 2 {
+            let huge = pages.huge_page_size;
+            if a.pages.saturating_mul(huge) > total / 2 {
                 bail!(
                     "--pages {}: {} of huge pages is more than half of this machine's {}; ask for at most {}",
                     a.pages,
-                    format_size(a.pages.saturating_mul(HUGE_PAGE_SIZE)),
+                    format_size(a.pages.saturating_mul(huge)),
                     format_size(total),
-                    total / 2 / HUGE_PAGE_SIZE
+                    total / 2 / huge
                 );
             }
             if !sysctl::path("vm.nr_hugepages").exists() {
                 bail!("this kernel has no hugetlb (no /proc/sys/vm/nr_hugepages): build it with CONFIG_HUGETLBFS");
             }
+            let order = pages.order(huge);
             Plan {
                 name,
                 call: Call::Hugetlb { pages: a.pages },
                 repeat: a.pages,
-                order: get_order(HUGE_PAGE_SIZE),
+                order,
                 limit: None, // vm.nr_hugepages is journaled by the calls themselves
                 raise: false,
                 details: vec![("requested_pages", json!(a.pages))],
-                notes: vec![
-                    "vm.nr_hugepages is raised one page per write (each an order-9 block, __GFP_RETRY_MAYFAIL: \
-                     the kernel compacts before giving up); a write succeeds even when the kernel finds no \
-                     page, so each page it could not find is counted as ENOMEM"
-                        .into(),
-                ],
+                notes: vec![format!(
+                    "vm.nr_hugepages is raised one page per write (each an order-{order} block, \
+                     __GFP_RETRY_MAYFAIL: the kernel compacts before giving up); a write succeeds even when \
+                     the kernel finds no page, so each page it could not find is counted as ENOMEM"
+                )],
                 einval_is_success: false,
             }
         }
@@ -457,14 +487,14 @@ fn plan(kind: &Kind) -> Result<Plan> {
                 bail!("--bytes {}: optlen is an int; at most 2GiB - 1", a.bytes);
             }
             let alloc = bytes.min(SCTP_OPTLEN_TRIM);
-            let order = get_order(alloc);
+            let order = pages.order(alloc);
             let mut notes = vec![format!(
                 "setsockopt(SCTP_SOCKOPT_BINDX_ADD, optlen {bytes}): the kernel trims optlen to at most \
                  {SCTP_OPTLEN_TRIM} and memdup_sockptr()s {alloc} bytes, order {order}; the zeroed address list \
                  has no valid family, so after the copy sctp_setsockopt_bindx() returns EINVAL — counted as \
                  success: the kernel reached the copy. ENOMEM: the allocation failed"
             )];
-            notes.extend(slab_note(alloc));
+            notes.extend(slab_note(alloc, pages));
             Plan {
                 name,
                 call: Call::SctpBindx { bytes: alloc },
@@ -484,7 +514,7 @@ fn plan(kind: &Kind) -> Result<Plan> {
             }
             let sq = u64::from(a.entries.next_power_of_two());
             let sqes = sq * IO_URING_SQE_SIZE;
-            let order = get_order(sqes);
+            let order = pages.order(sqes);
             Plan {
                 name,
                 call: Call::IoUring { entries: a.entries },
@@ -626,7 +656,7 @@ fn execute(
         hugetlb_check_freed(hugepages_total_before, &mut details, &mut notes)?;
         details.insert("obtained_pages".into(), json!(ok));
         if ok < pages {
-            notes.push(format!("the kernel found {ok} of {pages} order-9 blocks"));
+            notes.push(format!("the kernel found {ok} of {pages} order-{} blocks", plan.order));
         }
     }
     drop(signals); // a deferred Ctrl-C takes effect here, after the restore
@@ -1040,24 +1070,41 @@ mod tests {
     #[test]
     fn orders_match_the_measured_table() {
         // Issue 4's table, measured in a Debian 6.1 guest: 16/64/128/256 MiB → 6/8/9/10.
+        let x86 = Pages::X86_64;
         for (mib, order) in [(16u64, 6u32), (64, 8), (128, 9), (256, 10)] {
-            assert_eq!(pipe_resize_order(mib << 20).0, order, "{mib} MiB");
+            assert_eq!(x86.pipe_resize_order(mib << 20).0, order, "{mib} MiB");
         }
-        assert_eq!(pipe_resize_order(100 << 20), (9, 128 << 20)); // rounded up to 128 MiB
-        assert_eq!(get_order(1 << 20), 8);
-        assert_eq!(get_order(2 << 20), 9);
-        assert_eq!(get_order(4 << 20), 10);
-        assert_eq!(get_order(64 << 10), 4);
-        assert_eq!(get_order(SCTP_OPTLEN_TRIM), 5);
-        assert_eq!(get_order(u64::from(IORING_MAX_ENTRIES) * IO_URING_SQE_SIZE), 9);
-        assert_eq!(get_order(1), 0);
-        assert_eq!(get_order(4097), 1);
+        assert_eq!(x86.pipe_resize_order(100 << 20), (9, 128 << 20)); // rounded up to 128 MiB
+        assert_eq!(x86.order(1 << 20), 8);
+        assert_eq!(x86.order(2 << 20), 9);
+        assert_eq!(x86.order(4 << 20), 10);
+        assert_eq!(x86.order(64 << 10), 4);
+        assert_eq!(x86.order(SCTP_OPTLEN_TRIM), 5);
+        assert_eq!(x86.order(u64::from(IORING_MAX_ENTRIES) * IO_URING_SQE_SIZE), 9);
+        assert_eq!(x86.order(1), 0);
+        assert_eq!(x86.order(4097), 1);
+    }
+
+    #[test]
+    fn the_geometry_is_this_kernels() {
+        let here = Pages::read().unwrap();
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(here, Pages::X86_64);
+        }
+        // arm64 with 64 KiB pages: a 64 MiB pipe is 1024 slots, 40 KiB of pipe_buffers — one page,
+        // from a kmalloc cache (up to 128 KiB there), and 4 MiB is an order-6 block, not order 10.
+        let arm64 = Pages { page_size: 64 << 10, max_order: 13, huge_page_size: 512 << 20 };
+        assert_eq!(arm64.pipe_resize_order(64 << 20), (0, 64 << 20));
+        assert!(slab_note(40 << 10, &arm64).is_some() && slab_note(40 << 10, &Pages::X86_64).is_none());
+        assert_eq!(arm64.order(4 << 20), 6);
+        assert_eq!(arm64.order(arm64.huge_page_size), 13);
     }
 
     #[test]
     fn options_are_validated_before_anything() {
+        let x86 = Pages::X86_64;
         let pipe = |bytes: &str, repeat| {
-            plan(&Kind::PipeResize(PipeResizeArgs { bytes: bytes.into(), repeat, no_raise: false }))
+            plan(&Kind::PipeResize(PipeResizeArgs { bytes: bytes.into(), repeat, no_raise: false }), &x86)
                 .err()
                 .map(|e| e.to_string())
         };
@@ -1066,10 +1113,12 @@ mod tests {
         assert!(pipe("512MiB", 1).unwrap().contains("order 11"));
         assert!(pipe("64MB", 1).unwrap().contains("binary"));
         assert_eq!(pipe("256MiB", 1), None);
-        let msf =
-            plan(&Kind::IpMsfilter(IpMsfilterArgs { bytes: "8MiB".into(), repeat: 1, no_raise: false }));
+        let msf = plan(
+            &Kind::IpMsfilter(IpMsfilterArgs { bytes: "8MiB".into(), repeat: 1, no_raise: false }),
+            &x86,
+        );
         assert!(msf.err().unwrap().to_string().contains("order 11"));
-        let io = plan(&Kind::IoUring(IoUringArgs { entries: 65536, repeat: 1 }));
+        let io = plan(&Kind::IoUring(IoUringArgs { entries: 65536, repeat: 1 }), &x86);
         assert!(io.err().unwrap().to_string().contains("--entries 65536"));
     }
 
