@@ -365,6 +365,16 @@ fn sctp_serve_for_a_peer_and_sigint_stops_an_sctp_run() {
            2> connect.err\n\
          kill -INT $serve; wait $serve; echo $? > serve.status\n\
          cat /proc/uptime > uptime-serve\n\
+         fraglab serve --proto sctp --listen 127.0.0.1:12867 --style one-to-many --duration 5s > serve2.out \
+           2> serve2.err &\n\
+         serve2=$!\n\
+         i=0; until [ -s serve2.out ] || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done\n\
+         fraglab workload --json sctp-stream --peer 127.0.0.1:12867 --style one-to-many --duration 1s \
+           > stream2.json 2> stream2.err\n\
+         fraglab workload --json sctp-rr --peer 127.0.0.1:12867 --style one-to-many --duration 1s > rr2.json \
+           2> rr2.err\n\
+         wait $serve2; echo $? > serve2.status\n\
+         cat /proc/uptime > uptime-serve2\n\
          fraglab run stop.toml -o out > run.out 2> run.err &\n\
          run=$!\n\
          i=0; until established || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done\n\
@@ -456,6 +466,31 @@ fn sctp_serve_for_a_peer_and_sigint_stops_an_sctp_run() {
     assert_eq!(count_before(summary, "messages"), stream_ok + rr_ok, "{summary}");
     assert_eq!(count_before(summary, "replies"), rr_ok, "{summary}");
     assert_eq!(count_before(summary, "unfinished"), 0, "{summary}");
+
+    // (1b) A one-to-many server (one socket for all associations) that stops by itself after
+    // --duration, for one-to-many clients.
+    let serve2 = read(&results, "serve2.out");
+    eprintln!("serve2.out:\n{serve2}serve2.err:\n{}", read(&results, "serve2.err"));
+    assert_eq!(read(&results, "serve2.status").trim(), "0", "serve exits 0 when --duration ends");
+    let lasted = uptime("uptime-serve2") - served;
+    assert!((5.0..12.0).contains(&lasted), "serve --duration 5s ended {lasted:.1} s after it started");
+    let mut lines = serve2.lines();
+    let first = lines.next().unwrap();
+    assert!(first.starts_with("fraglab serve: listening on 127.0.0.1:12867 (SCTP one-to-many"), "{first}");
+    let summary = lines.next().unwrap();
+    assert!(lines.next().is_none(), "no error lines: {serve2}");
+    let (stream, rr) = (result_json("stream2.json"), result_json("rr2.json"));
+    for r in [&stream, &rr] {
+        assert_eq!((r["failed"].as_u64(), r["errors"].as_array().map(Vec::len)), (Some(0), Some(0)), "{r:#}");
+        assert_eq!(r["params"]["style"], "one-to-many", "{r:#}");
+    }
+    let (stream_ok, rr_ok) = (stream["ok"].as_u64().unwrap(), rr["ok"].as_u64().unwrap());
+    assert!(stream_ok > 0 && rr_ok > 0, "{stream:#} {rr:#}");
+    // A one-to-many association is set up by one message (rr: one transaction) before the clock,
+    // which the server counts and the client does not.
+    assert_eq!(count_before(summary, "associations"), 2, "{summary}");
+    assert_eq!(count_before(summary, "messages"), stream_ok + rr_ok + 2, "{summary}");
+    assert_eq!(count_before(summary, "replies"), rr_ok + 1, "{summary}");
 
     // (2) SIGINT to a run in its 60 s sctp-stream.
     eprintln!("run.out:\n{}run.err:\n{}", read(&results, "run.out"), read(&results, "run.err"));
