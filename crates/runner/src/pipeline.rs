@@ -95,11 +95,14 @@ pub fn run(
     run_dir: &std::path::Path,
     stop: Arc<AtomicBool>,
 ) -> Result<(Verdict, ResultsDir)> {
+    // The machine is ours before anything is written: a run refused because another fraglab holds it
+    // leaves no results directory behind.
+    let held = Instance::acquire(run_dir, &format!("fraglab run {}", plan.config_path.display()))?;
     let results = ResultsDir::create(&plan.output, &plan.name)?;
     let record = RunRecord::new(plan);
     results.write_json("run.json", &record)?;
     let dir = results.dir.clone();
-    pipeline(plan, run_dir, stop, results, record.clone()).map_err(|e| {
+    pipeline(plan, run_dir, held, stop, results, record.clone()).map_err(|e| {
         let mut record = record;
         record.status = "incomplete".into();
         record.reason = format!("{e:#}");
@@ -114,6 +117,7 @@ pub fn run(
 fn pipeline(
     plan: &RunPlan,
     run_dir: &std::path::Path,
+    (mut instance, restored): (Instance, Vec<fraglab_fragmenter::sysctl::Restored>),
     stop: Arc<AtomicBool>,
     results: ResultsDir,
     mut record: RunRecord,
@@ -124,8 +128,6 @@ fn pipeline(
     if let Err(reason) = preflight(plan) {
         return finish(results, record, Verdict::CouldNotTest, reason);
     }
-    let (mut instance, restored) =
-        Instance::acquire(run_dir, &format!("fraglab run {}", plan.config_path.display()))?;
     // If this process is killed, the next fraglab marks these results as cut short.
     instance.set_results(&results.dir)?;
     record.sysctls_restored.extend(restored.iter().map(|r| format!("{r} (left by a dead fraglab)")));
