@@ -1014,6 +1014,17 @@ fn another_run_dir_is_refused_or_waits_while_a_daemon_holds() {
     assert_eq!(std::fs::read_to_string(LOCK_FILE).unwrap(), lock_text, "the holder's record changed");
     assert_eq!(std::fs::read_to_string(a.join("sysctl.journal")).unwrap(), journal_text);
     assert_sysctls(&holding, "refused fraglabs with another run directory");
+    // `release` in the other run directory has nothing to release there, but the machine is held:
+    // a failure that says by whom and how to release it.
+    let rel = fraglab_now(&b, &["release"]);
+    let err = stderr(&rel);
+    assert_eq!(rel.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", d.pid))
+            && err.contains(&format!("fraglab --run-dir {} release", a.display())),
+        "{err}"
+    );
+    assert!(alive(d.pid), "the holder died");
 
     // Queued: it waits for the daemon and changes nothing meanwhile.
     let mut waiter = Running::start(&b, &["fragment", "--max-free-order", "4", "--budget", "64MiB"]);
@@ -1037,6 +1048,9 @@ fn another_run_dir_is_refused_or_waits_while_a_daemon_holds() {
     assert!(fraglab(&b, &["release"]).status.success());
     assert!(waiter.wait_for(Duration::from_secs(30)).expect("exits after release").success());
     assert_sysctls(&before, "after both released");
+    // Nothing held anywhere: a cleanup script's `fraglab release` succeeds.
+    let rel = fraglab(&b, &["release"]);
+    assert!(rel.status.success() && stderr(&rel).contains("nothing to release"), "{}", stderr(&rel));
 }
 
 /// 2c. A fraglab SIGKILLed while holding is repaired by the next fraglab command whatever its run

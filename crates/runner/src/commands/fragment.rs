@@ -1,6 +1,7 @@
 //! `fraglab fragment`, `fraglab status`, `fraglab release`.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
@@ -175,19 +176,34 @@ pub fn status(args: StatusArgs, run_dir: &Path) -> Result<ExitCode> {
 
 pub fn release(run_dir: &Path) -> Result<ExitCode> {
     let holder = Instance::holder();
+    let socket = run_dir.join(control::SOCKET);
+    if UnixStream::connect(&socket).is_err() {
+        // Nothing held here is what a cleanup trap wants to hear (exit 0), unless another fraglab
+        // does hold the machine: then this release did not do what the caller meant.
+        if let Some(h) = holder.as_ref().filter(|h| h.still_holding()) {
+            // A fragmenter answers on its control socket; a `fraglab run` holds until it ends.
+            let how =
+                match h.run_dir.as_ref().filter(|d| UnixStream::connect(d.join(control::SOCKET)).is_ok()) {
+                    Some(dir) => format!("release it with: fraglab --run-dir {} release", dir.display()),
+                    None => format!("it gives everything back when it ends, or on: kill -INT {}", h.pid),
+                };
+            bail!("no fraglab holds memory in {}, but {h} holds the machine; {how}", run_dir.display());
+        }
+        eprintln!("nothing to release: no fraglab is holding memory");
+        return Ok(ExitCode::SUCCESS);
+    }
     control::call(run_dir, &Request::Release)?;
     // The holder releases after replying; wait until it has let go of the lock so the caller can rely
     // on it — by watching its record, not by taking the lock, which is machine-wide: a fraglab starting
     // elsewhere at that moment must not be refused because release peeked.
     let ours = std::path::absolute(run_dir).ok();
     let holder = holder.filter(|h| h.run_dir.is_some() && h.run_dir == ours);
-    let socket = run_dir.join(control::SOCKET);
     for _ in 0..300 {
         // Without a record naming it (written by an older fraglab, or this run directory spelt
         // through a symlink), its socket going away is the sign: it closes that after restoring.
         let holding = match &holder {
             Some(h) => h.still_holding(),
-            None => std::os::unix::net::UnixStream::connect(&socket).is_ok(),
+            None => UnixStream::connect(&socket).is_ok(),
         };
         if !holding {
             eprintln!("released");
