@@ -14,13 +14,15 @@ fn fraglab(args: &[&str]) -> Output {
     Command::new(FRAGLAB).args(args).output().unwrap()
 }
 
-/// `fraglab workload --json exec ARGS`, which must produce a result.
+/// `fraglab workload --json exec ARGS`, which must produce a result, with exit status 1 when the
+/// command failed and 0 when it succeeded.
 fn exec(args: &[&str]) -> WorkloadResult {
     let out = fraglab(&[&["workload", "--json", "exec"], args].concat());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exec {args:?} failed: {stderr}");
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    let r: WorkloadResult =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("exec {args:?}: {e}: {stderr}"));
+    assert_eq!(out.status.code(), Some(i32::from(r.failed > 0)), "exec {args:?}: {stderr}");
+    r
 }
 
 fn detail(r: &WorkloadResult, key: &str) -> serde_json::Value {

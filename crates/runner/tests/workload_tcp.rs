@@ -42,15 +42,15 @@ impl Scratch {
         self.cmd(netns).args(args).output().expect("run fraglab")
     }
 
+    /// The result `--json` prints; the exit status says whether an operation failed (1) or none (0).
     fn json(&self, netns: Option<&str>, args: &[&str]) -> Value {
         let out = self.fraglab(netns, args);
-        assert!(
-            out.status.success(),
-            "fraglab {args:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("--json prints one JSON object")
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("fraglab {args:?} ({}): {e}: {}", out.status, String::from_utf8_lossy(&out.stderr))
+        });
+        let failed = v["failed"].as_u64().expect("failed");
+        assert_eq!(out.status.code(), Some(i32::from(failed > 0)), "fraglab {args:?}: {v}");
+        v
     }
 }
 

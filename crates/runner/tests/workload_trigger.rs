@@ -45,13 +45,15 @@ fn fraglab(dir: &Path, args: &[&str]) -> Output {
     Command::new(FRAGLAB).arg("--run-dir").arg(dir).args(args).output().unwrap()
 }
 
-/// `fraglab workload --json trigger ARGS`, which must succeed.
+/// `fraglab workload --json trigger ARGS`, which must produce a result, with exit status 1 when a
+/// call failed and 0 when none did.
 fn trigger(dir: &Path, args: &[&str]) -> WorkloadResult {
     let out = fraglab(dir, &[&["workload", "--json", "trigger"], args].concat());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "trigger {args:?} failed: {stderr}");
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    let r: WorkloadResult =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("trigger {args:?}: {e}: {stderr}"));
+    assert_eq!(out.status.code(), Some(i32::from(r.failed > 0)), "trigger {args:?}: {stderr}");
+    r
 }
 
 fn sysctl(name: &str) -> u64 {

@@ -10,6 +10,12 @@ use crate::units::format_size;
 use crate::workload::result::WorkloadResult;
 use crate::workload::{exec, sctp, tcp, trigger, Kind};
 
+/// Exit status of a workload whose operations failed (the result says which errno, how often).
+pub const EXIT_FAILED: u8 = 1;
+
+/// `fraglab workload KIND`: exit 0 when every operation succeeded, 1 when any failed, 125 when this
+/// kernel cannot run the kind, 255 when it could not run at all (bad option, setup failure) — so a
+/// script can loop on it as on `run`, whose statuses these mirror.
 pub fn run(args: WorkloadArgs) -> Result<ExitCode> {
     // Standalone, a signal keeps its own meaning: the default (fraglab dies at once) for the socket
     // workloads, forwarded then re-raised for exec, deferred until the sysctls are back for triggers.
@@ -20,14 +26,17 @@ pub fn run(args: WorkloadArgs) -> Result<ExitCode> {
             eprintln!("fraglab: {e:#}");
             return Ok(ExitCode::from(crate::EXIT_UNSUPPORTED));
         }
-        Err(e) => return Err(e),
+        Err(e) => {
+            eprintln!("fraglab: {e:#}");
+            return Ok(ExitCode::from(crate::commands::run::EXIT_ERROR));
+        }
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
         print!("{}", summary(&result));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if result.failed > 0 { ExitCode::from(EXIT_FAILED) } else { ExitCode::SUCCESS })
 }
 
 /// Run one workload of any kind: what `fraglab run` calls for each `[[workload]]`.

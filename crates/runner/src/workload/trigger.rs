@@ -461,7 +461,10 @@ fn plan(kind: &Kind, pages: &Pages) -> Result<Plan> {
                 );
             }
             if !sysctl::path("vm.nr_hugepages").exists() {
-                bail!("this kernel has no hugetlb (no /proc/sys/vm/nr_hugepages): build it with CONFIG_HUGETLBFS");
+                return Err(super::Unsupported(
+                    "this kernel has no hugetlb (no /proc/sys/vm/nr_hugepages): build it with CONFIG_HUGETLBFS".into(),
+                )
+                .into());
             }
             let order = pages.order(huge);
             Plan {
@@ -837,7 +840,10 @@ impl CallState {
                 if fd < 0 {
                     let e = io::Error::last_os_error();
                     if e.raw_os_error() == Some(libc::ENOSYS) {
-                        bail!("this kernel has no io_uring (io_uring_setup: ENOSYS)");
+                        return Err(super::Unsupported(
+                            "this kernel has no io_uring (io_uring_setup: ENOSYS)".into(),
+                        )
+                        .into());
                     }
                     Outcome::Failed(e)
                 } else {
