@@ -138,8 +138,8 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
             .to_string();
         let mut options = serde_json::to_value(table)?;
         options.as_object_mut().expect("a TOML table is an object").remove("kind");
-        let kind = kind_from_options(&kind_name, &options).map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
-        crate::workload::validate(&kind).map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
+        let kind = kind_from_options(&kind_name, &options).map_err(|e| at_option(src, i, table, &e))?;
+        crate::workload::validate(&kind).map_err(|e| at_option(src, i, table, &e))?;
         base.push((kind_name, options));
     }
 
@@ -272,6 +272,28 @@ pub fn kind_options(kind: &Kind) -> serde_json::Value {
         Kind::Exec(a) => serde_json::to_value(a),
     };
     v.unwrap_or(serde_json::Value::Null)
+}
+
+/// A workload's option error, worded as on the command line (`--bytes 1GiB: …`), placed at the key
+/// that set it and named as written there: `t.toml:7:9: [[workload]] #1 bytes 1GiB: …`. An error
+/// about no single written key stays at the table.
+fn at_option(src: &Source, i: usize, table: &toml::Table, e: &anyhow::Error) -> anyhow::Error {
+    let text = format!("{e:#}");
+    let at_key = |key: &str| src.locate(&["workload", &i.to_string(), key]);
+    if let Some(rest) = text.strip_prefix("--") {
+        let end = rest.find([' ', ':']).unwrap_or(rest.len());
+        let key = rest[..end].replace('-', "_");
+        if table.contains_key(&key) {
+            return anyhow::anyhow!("{}{}", at_key(&key), &rest[end..]);
+        }
+    }
+    // serde's "unknown field `thread`, expected one of …"
+    if let Some(key) = text.strip_prefix("unknown field `").and_then(|r| r.split('`').next()) {
+        if table.contains_key(key) {
+            return anyhow::anyhow!("{}: {text}", at_key(key));
+        }
+    }
+    anyhow::anyhow!("{}: {text}", src.locate(&["workload", &i.to_string()]))
 }
 
 /// Build a typed workload from its kind name and options; serde rejects unknown options.
