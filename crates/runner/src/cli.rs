@@ -6,7 +6,19 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "fraglab", version, about = "Reproduce high-order page-allocation failures on demand")]
+#[command(
+    name = "fraglab",
+    version,
+    about = "Reproduce high-order page-allocation failures on demand",
+    after_help = "Environment:
+  FRAGLAB_LOCK_WAIT=DURATION  when another fraglab holds the machine (one at a time: memory and
+                              sysctls are machine-wide), wait this long for it (e.g. 10m) instead
+                              of refusing at once
+  FRAGLAB_GUEST_BIN=PATH      the static fraglab `fraglab vm` puts in the guest (as --guest-fraglab)
+  FRAGLAB_RESULTS, FRAGLAB_VM set inside a `fraglab vm` guest: its /results, and 1
+
+Docs: README.md and docs/ in the source tree."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
