@@ -181,7 +181,8 @@ pub fn errno_name(code: i32) -> String {
 pub struct Rusage {
     pub user_s: f64,
     pub sys_s: f64,
-    /// Peak resident set size of the process so far (not a delta), KiB.
+    /// Peak resident set size of the process so far (not a delta), KiB. Inside `fraglab run` the
+    /// process also holds the fragmenter's memory, so there it says nothing about the workload.
     pub maxrss_kb: i64,
     pub minflt: i64,
     pub majflt: i64,
