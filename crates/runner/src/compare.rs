@@ -189,6 +189,20 @@ impl RunData {
         })
     }
 
+    /// The [fragment] this run applied, judged by what it did rather than by its config text:
+    /// None when run.json's `fragment` (the fragmenter's status) is null — `fraglab run --baseline`
+    /// keeps [fragment] in the stored config but never fragments, and neither does a config without
+    /// [fragment] or a run stopped before the fragment phase. When it did fragment, the config's
+    /// [fragment] table names what was applied: the status's own numbers (a whole-machine target's
+    /// free bytes, held bytes, timestamps) differ from run to run of one config.
+    pub fn applied_fragment(&self) -> Option<&toml::Value> {
+        if self.run["fragment"].is_null() {
+            None
+        } else {
+            self.config.get("fragment")
+        }
+    }
+
     fn str(&self, key: &str) -> &str {
         self.run[key].as_str().unwrap_or("?")
     }
@@ -355,13 +369,14 @@ fn context(runs: &[RunData]) -> (Vec<String>, Vec<String>) {
         let same_release = base.str("kernel_release") == other.str("kernel_release");
         let same_host = base.str("host") == other.str("host");
         let same_cmdline = base.str("kernel_cmdline") == other.str("kernel_cmdline");
-        let same_fragment = base.config.get("fragment") == other.config.get("fragment");
+        let same_fragment = base.applied_fragment() == other.applied_fragment();
         if same_release && same_host && same_cmdline {
             if same_fragment {
                 warnings.push(format!(
-                    "{pair}: same kernel on both sides: this compares runs, not kernels ({} on {}, same [fragment])",
+                    "{pair}: same kernel on both sides: this compares runs, not kernels ({} on {}, {})",
                     base.str("kernel_release"),
-                    base.str("host")
+                    base.str("host"),
+                    if base.applied_fragment().is_some() { "same [fragment]" } else { "neither fragmented" }
                 ));
             } else {
                 notes.push(format!(
@@ -495,8 +510,13 @@ pub struct Side {
     /// Half-width of the 95% confidence interval of the mean (None below n = 2).
     pub ci95: Option<f64>,
     pub values: Vec<f64>,
-    /// Against the baseline; None for the baseline itself or when the baseline has no value.
+    /// Against the baseline; None for the baseline itself, when the baseline has no value, or when
+    /// the two are not comparable (`not_comparable` says why).
     pub vs_baseline: Option<VsBaseline>,
+    /// Why this value is not set against the baseline's: a trigger's rate and latency count failed
+    /// calls too, so when the share of failed calls differs they measure different mixes
+    /// (`A: 0 of 30 failed, B: 30 of 30 failed`).
+    pub not_comparable: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -628,9 +648,9 @@ fn fragment_side(r: &RunData) -> FragmentSide {
     }
 }
 
-fn side(values: &[f64], base: Option<&Stats>, better: Better) -> Side {
+fn side(values: &[f64], base: Option<&Stats>, better: Better, not_comparable: Option<String>) -> Side {
     let s = Stats::of(values);
-    let vs_baseline = base.map(|b| {
+    let vs_baseline = base.filter(|_| not_comparable.is_none()).map(|b| {
         let ratio = ci_ratio(b, &s);
         let significant = ratio.is_some_and(|r| r > 1.0);
         let up = s.mean > b.mean;
@@ -656,7 +676,29 @@ fn side(values: &[f64], base: Option<&Stats>, better: Better) -> Side {
         ci95: ci95_half_width(&s),
         values: values.to_vec(),
         vs_baseline,
+        not_comparable,
     }
+}
+
+/// Whether a workload kind's rate and latency count its failed operations too. A trigger times
+/// every call and reports calls per second (workload/trigger.rs), and a failed call — ENOMEM once
+/// the allocation gives up — returns in a fraction of the time a successful one takes. The network
+/// workloads count and time successful operations only, so fewer of them per second is a real
+/// change.
+pub fn counts_failed_ops(kind: &str) -> bool {
+    kind.starts_with("trigger ")
+}
+
+/// (operations that succeeded, operations that failed) over every iteration.
+type Tally = (u64, u64);
+
+/// `A: 0 of 30 failed, B: 30 of 30 failed` when the share of failed operations differs.
+fn failure_difference(base: (&str, Tally), other: (&str, Tally)) -> Option<String> {
+    let ((la, (oka, fa)), (lb, (okb, fb))) = (base, other);
+    let (ta, tb) = (oka + fa, okb + fb);
+    // fa/ta ≠ fb/tb, in integers.
+    (u128::from(fa) * u128::from(tb) != u128::from(fb) * u128::from(ta))
+        .then(|| format!("{la}: {fa} of {ta} failed, {lb}: {fb} of {tb} failed"))
 }
 
 /// Check the runs measure the same thing, then compare every run against the first.
@@ -665,7 +707,7 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
         bail!("compare needs at least two results directories");
     }
     check_configs(runs)?;
-    let (warnings, notes) = context(runs);
+    let (mut warnings, mut notes) = context(runs);
 
     // Keys in the order the runs ran them: the baseline's first, then any only others have.
     let mut keys: Vec<Key> = Vec::new();
@@ -674,6 +716,8 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
     // run → key → metric name → values
     let mut values: Vec<BTreeMap<Key, BTreeMap<String, Vec<f64>>>> = vec![BTreeMap::new(); runs.len()];
     let mut errnos: BTreeMap<Key, BTreeSet<String>> = BTreeMap::new();
+    // run → key → (ok, failed)
+    let mut tallies: Vec<BTreeMap<Key, Tally>> = vec![BTreeMap::new(); runs.len()];
     for r in runs {
         for w in &r.workloads {
             let key = (
@@ -700,6 +744,9 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
                 w["index"].as_u64().unwrap_or(0) as usize,
                 w["result"]["kind"].as_str().unwrap_or("?").to_string(),
             );
+            let t = tallies[i].entry(key.clone()).or_default();
+            t.0 += w["result"]["ok"].as_u64().unwrap_or(0);
+            t.1 += w["result"]["failed"].as_u64().unwrap_or(0);
             let per = values[i].entry(key.clone()).or_default();
             for (name, _, _, v) in metrics_of(&w["result"]) {
                 per.entry(name).or_default().push(v);
@@ -724,13 +771,38 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
 
     let mut metrics = Vec::new();
     for key in &keys {
+        // Per run, how its failed operations differ from the baseline's: said once per workload
+        // and point, and a trigger's rate and latency rows are then not compared.
+        let differs: Vec<Option<String>> = (0..runs.len())
+            .map(|i| {
+                let (Some(a), Some(b)) = (tallies[0].get(key), tallies[i].get(key)) else { return None };
+                failure_difference((&runs[0].label, *a), (&runs[i].label, *b)).filter(|_| i > 0)
+            })
+            .collect();
+        let what = format!("#{} {} at point {}", key.1 + 1, key.2, key.0);
+        for d in differs.iter().flatten() {
+            if counts_failed_ops(&key.2) {
+                warnings.push(format!(
+                    "{what}: {d}: its rate and latency count failed calls too, and a failed call returns \
+                     early, so they are not compared (see its errors rows)"
+                ));
+            } else {
+                notes.push(format!(
+                    "{what}: {d}; its rate and latency count successful operations only and are compared"
+                ));
+            }
+        }
         let mut list = names[key].clone();
         list.extend(errnos[key].iter().map(|e| (format!("errors {e}"), "count".to_string(), Better::Lower)));
         for (name, unit, better) in list {
             let sample = |i: usize| values[i].get(key).and_then(|m| m.get(&name)).filter(|v| !v.is_empty());
             let base = sample(0).map(|v| Stats::of(v));
+            let mixed = counts_failed_ops(&key.2) && !name.starts_with("errors ");
             let sides = (0..runs.len())
-                .map(|i| sample(i).map(|v| side(v, if i == 0 { None } else { base.as_ref() }, better)))
+                .map(|i| {
+                    let why = differs[i].clone().filter(|_| mixed);
+                    sample(i).map(|v| side(v, if i == 0 { None } else { base.as_ref() }, better, why))
+                })
                 .collect();
             metrics.push(MetricRow {
                 point: key.0.clone(),
@@ -988,6 +1060,113 @@ mod tests {
         let c = compare(&[a, b]).unwrap();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(c.notes.iter().any(|n| n.contains("compares memory states")), "{:?}", c.notes);
+    }
+
+    /// `fraglab run --baseline` keeps [fragment] in the stored config and writes `"fragment": null`.
+    #[test]
+    fn a_baseline_run_of_the_same_config_is_a_different_memory_state() {
+        let a = fake("A", CONFIG, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
+        let mut b = fake("B", CONFIG, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
+        b.run["fragment"] = Value::Null;
+        let c = compare(&[a, b.clone()]).unwrap();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert!(c.notes.iter().any(|n| n.contains("different [fragment]: this compares memory states")));
+        assert_eq!(c.fragment[1].target_text, "none (not fragmented)");
+        // Two baseline runs: the same memory state, runs compared.
+        let mut a = b.clone();
+        a.label = "A".into();
+        let c = compare(&[a, b]).unwrap();
+        assert!(
+            c.warnings
+                .iter()
+                .any(|w| w.contains("this compares runs, not kernels") && w.contains("neither fragmented")),
+            "{:?}",
+            c.warnings
+        );
+    }
+
+    const TRIGGER: &str = "[run]\nname = \"t\"\n[fragment]\nmax_free_order = 4\n\n[[workload]]\nkind = \"trigger\"\ntrigger = \"pipe-resize\"\nbytes = \"64MiB\"\nrepeat = 10\n";
+
+    /// A trigger iteration: `failed` of 10 calls failed with ENOMEM.
+    fn trigger(iteration: u32, calls_per_sec: f64, p50: u64, failed: u64) -> Value {
+        let errors = if failed > 0 {
+            serde_json::json!([{"errno": "ENOMEM", "code": 12, "count": failed, "first_seen_s": 0.01}])
+        } else {
+            serde_json::json!([])
+        };
+        serde_json::json!({"point": "-", "sysctls": [], "iteration": iteration, "index": 0, "result": {
+            "kind": "trigger pipe-resize", "ops_per_sec": calls_per_sec, "ok": 10 - failed, "failed": failed,
+            "latency_us": {"count": 10, "mean": 1.0, "min": 1, "p50": p50, "p90": p50, "p99": p50, "p999": p50, "max": p50},
+            "errors": errors, "details": {"calls": 10}}})
+    }
+
+    #[test]
+    fn trigger_rate_and_latency_are_not_compared_when_the_failed_share_differs() {
+        let frag = fake(
+            "A",
+            TRIGGER,
+            "6.18",
+            (1..=3).map(|i| trigger(i, 3000.0 + i as f64, 90 + i as u64, 10)).collect(),
+        );
+        let base = fake(
+            "B",
+            TRIGGER,
+            "6.18",
+            (1..=3).map(|i| trigger(i, 900.0 + i as f64, 800 + i as u64, 0)).collect(),
+        );
+        let c = compare(&[base.clone(), frag.clone()]).unwrap();
+        let why = "B: 0 of 30 failed, A: 30 of 30 failed";
+        let row = |m: &str| c.metrics.iter().find(|r| r.metric == m).unwrap();
+        for m in ["rate", "latency p50", "latency p99"] {
+            let s = row(m).sides[1].as_ref().unwrap();
+            assert_eq!(s.not_comparable.as_deref(), Some(why), "{m}");
+            assert!(s.vs_baseline.is_none(), "{m}: {s:?}");
+            assert_eq!(s.n, 3, "the values are still shown");
+        }
+        // The failure change itself is compared, and said first.
+        let e = row("errors ENOMEM").sides[1].as_ref().unwrap();
+        assert!(e.not_comparable.is_none());
+        assert!(e.vs_baseline.as_ref().unwrap().significant);
+        assert!(
+            c.warnings.iter().any(|w| w.starts_with("#1 trigger pipe-resize at point -: ")
+                && w.contains(why)
+                && w.contains("not compared")),
+            "{:?}",
+            c.warnings
+        );
+        // The same share of failed calls on both sides: compared as before.
+        let frag2 = fake(
+            "B",
+            TRIGGER,
+            "6.19",
+            (1..=3).map(|i| trigger(i, 2000.0 + i as f64, 80 + i as u64, 10)).collect(),
+        );
+        let c = compare(&[frag, frag2]).unwrap();
+        assert!(c.metrics.iter().all(|r| r.sides[1].as_ref().unwrap().not_comparable.is_none()));
+        let rate = c.metrics[0].sides[1].as_ref().unwrap().vs_baseline.as_ref().unwrap();
+        assert!(rate.significant && rate.change == "worse", "{rate:?}");
+        assert!(!c.warnings.iter().any(|w| w.contains("failed")), "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn network_rates_count_successes_and_stay_compared_when_failures_differ() {
+        let a = fake("A", CONFIG, "6.18", (1..=3).map(|i| record("clients=1", i, 100.0, 50, 0)).collect());
+        let b = fake(
+            "B",
+            CONFIG,
+            "6.18",
+            (1..=3).map(|i| record("clients=1", i, 80.0 + i as f64, 50, 2)).collect(),
+        );
+        let c = compare(&[a, b]).unwrap();
+        let rate = c.metrics[0].sides[1].as_ref().unwrap();
+        assert!(rate.not_comparable.is_none() && rate.vs_baseline.as_ref().unwrap().significant);
+        assert!(
+            c.notes
+                .iter()
+                .any(|n| n.contains("#1 tcp-rr at point clients=1: A: 0 of 30 failed, B: 6 of 36 failed")),
+            "{:?}",
+            c.notes
+        );
     }
 
     #[test]

@@ -62,6 +62,27 @@ fn two_runs() -> &'static (PathBuf, PathBuf) {
     })
 }
 
+/// A real `fraglab run configs/quickstart.toml --baseline`: [fragment] stays in the stored config,
+/// run.json's fragment is null.
+fn baseline_run() -> &'static PathBuf {
+    static RUN: OnceLock<PathBuf> = OnceLock::new();
+    RUN.get_or_init(|| {
+        assert!(nix::unistd::Uid::effective().is_root(), "fraglab run needs root");
+        let out = scratch("baseline");
+        let r = fraglab(&["run", "configs/quickstart.toml", "--baseline", "-o", out.to_str().unwrap()]);
+        assert_eq!(
+            r.status.code(),
+            Some(0),
+            "stdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&r.stdout),
+            String::from_utf8_lossy(&r.stderr)
+        );
+        let dirs = list(&out);
+        assert_eq!(dirs.len(), 1, "{dirs:?}");
+        dirs[0].clone()
+    })
+}
+
 fn list(dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(dir).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default()
 }
@@ -309,4 +330,78 @@ fn bad_input_exits_255_with_the_reason() {
     let (code, _, stderr) = compare(&[a_str, a_str, "--labels", "one"]);
     assert_eq!(code, Some(255));
     assert!(stderr.contains("--labels gives 1 names for 2 directories"), "{stderr}");
+}
+
+#[test]
+fn a_baseline_run_of_the_same_config_compares_memory_states() {
+    let (a, _) = two_runs();
+    let b = baseline_run();
+    let run = json(&b.join("run.json"));
+    assert!(run["fragment"].is_null(), "--baseline does not fragment");
+    assert!(run["config"].as_str().unwrap().contains("[fragment]"), "but its config keeps [fragment]");
+    let (code, stdout, stderr) = compare(&[a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        !stderr.contains("same kernel on both sides") && !stdout.contains("same [fragment]"),
+        "{stderr}{stdout}"
+    );
+    assert!(
+        stdout.contains("note: A and B: same kernel")
+            && stdout.contains("different [fragment]: this compares memory states"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("  B  none (not fragmented)"), "{stdout}");
+}
+
+/// A real pair from a Debian 6.1 guest (`fraglab vm --kernel debian-cloud -- run
+/// configs/pipe-highorder.toml`, then the same with `--baseline`; see captures/README.md): fragmented,
+/// every F_SETPIPE_SZ fails with ENOMEM in a fraction of the time a successful one takes.
+#[test]
+fn a_trigger_failing_on_one_side_only_is_not_compared_on_rate_and_latency() {
+    let captures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/captures");
+    let frag = captures.join("pipe-highorder-6.1-fragmented");
+    let base = captures.join("pipe-highorder-6.1-baseline");
+    let (frag, base) = (frag.to_str().unwrap(), base.to_str().unwrap());
+    let why = "A: 0 of 30 failed, B: 30 of 30 failed";
+
+    let (code, stdout, stderr) = compare(&[base, frag, "--format", "json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let c: Value = serde_json::from_str(&stdout).unwrap();
+    let metrics = c["metrics"].as_array().unwrap();
+    let row = |m: &str| metrics.iter().find(|r| r["metric"] == m).unwrap_or_else(|| panic!("no {m}"));
+    for m in ["rate", "latency p50", "latency p99"] {
+        let b = &row(m)["sides"][1];
+        assert_eq!(b["not_comparable"], why, "{m}: {b}");
+        assert!(b["vs_baseline"].is_null(), "{m}: {b}");
+        assert_eq!(b["n"], 3, "{m}: the values are still shown");
+    }
+    // The change that matters: 0 → 10 ENOMEM per iteration, compared and significant.
+    let e = &row("errors ENOMEM")["sides"][1];
+    assert!(e["not_comparable"].is_null() && e["vs_baseline"]["significant"] == true, "{e}");
+    let warning =
+        format!("#1 trigger pipe-resize at point -: {why}: its rate and latency count failed calls");
+    assert!(c["warnings"].to_string().contains(&warning), "{}", c["warnings"]);
+    assert!(stderr.contains(&warning), "{stderr}");
+    // The baseline run did not fragment; this one did: memory states, not the same-kernel warning.
+    assert!(!c["warnings"].to_string().contains("same kernel"), "{}", c["warnings"]);
+    assert!(
+        c["notes"].to_string().contains("different [fragment]: this compares memory states"),
+        "{}",
+        c["notes"]
+    );
+
+    let (code, text, _) = compare(&[base, frag]);
+    assert_eq!(code, Some(0));
+    assert!(text.contains(&format!("(not compared: {why})")), "{text}");
+    let significant: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Significant changes"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    assert_eq!(
+        significant,
+        ["  #1 trigger pipe-resize errors ENOMEM at point -: B - pct (worse, p=-, r=inf)"],
+        "{text}"
+    );
 }

@@ -113,12 +113,16 @@ fn p_value(side: &Side) -> String {
     }
 }
 
-/// `6303.31 ±3363.05 n=2 (0.00 pct)` for the baseline; `… (+11.21 pct) p=0.813 r=0.09 *` for others.
+/// `6303.31 ±3363.05 n=2 (0.00 pct)` for the baseline; `… (+11.21 pct) p=0.813 r=0.09 *` for others,
+/// or `… (not compared: A: 0 of 30 failed, B: 30 of 30 failed)`.
 fn cell(side: &Option<Side>, baseline: bool) -> String {
     let Some(s) = side else { return "-".into() };
     let head = format!("{:.2} ±{:.2} n={}", s.mean, s.stddev, s.n);
     if baseline {
         return format!("{head} (0.00 pct)");
+    }
+    if let Some(why) = &s.not_comparable {
+        return format!("{head} (not compared: {why})");
     }
     match &s.vs_baseline {
         None => format!("{head} (no baseline)"),
