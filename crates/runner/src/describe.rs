@@ -158,7 +158,13 @@ fn profile_fit(free: &[u64], budget: Option<u64>, takeable: u64) -> String {
 /// After a profile was cut: `profile scaled by 0.3975 to fit the 128.00 MiB budget: free blocks per
 /// order 40773 37 … → 16206 14 …`, from the status's target and the blocks it planned or missed.
 /// `None` when it was not scaled.
-pub fn scaled_profile(t: &Target, scale: f64, budget: Option<u64>, planned: &[u64], missing: &[u64]) -> Option<String> {
+pub fn scaled_profile(
+    t: &Target,
+    scale: f64,
+    budget: Option<u64>,
+    planned: &[u64],
+    missing: &[u64],
+) -> Option<String> {
     let Target::Profile { free, .. } = t else { return None };
     if scale >= 1.0 {
         return None;
@@ -246,26 +252,35 @@ mod tests {
         let prof = text(&plan(Target::Profile { zone: None, free: vec![512, 97, 12] }, None), 24 << 30);
         assert!(prof.contains("no pipe fill for a profile target"), "{prof}");
         assert!(!prof.contains("then pipe pages"), "{prof}");
-        let budget = text(&plan(Target::MaxFreeOrder { order: 3, free_bytes: 1 << 20 }, Some(64 << 20)), 24 << 30);
+        let budget =
+            text(&plan(Target::MaxFreeOrder { order: 3, free_bytes: 1 << 20 }, Some(64 << 20)), 24 << 30);
         assert!(!budget.contains("pipe pages"), "{budget}");
     }
 
     #[test]
     fn a_profile_scaled_to_the_budget_says_from_what_to_what() {
         // 82430 pages needed (≈ 322 MiB); 128 MiB is 32768 pages: factor 0.3975.
-        let s = text(&plan(Target::Profile { zone: None, free: SEED_000.to_vec() }, Some(128 << 20)), 24 << 30);
+        let s =
+            text(&plan(Target::Profile { zone: None, free: SEED_000.to_vec() }, Some(128 << 20)), 24 << 30);
         let (scaled, f) = scale_profile(&SEED_000, 32768);
         assert!(s.contains(&format!("SCALED by {f:.4} to fit the 128.00 MiB budget")), "{s}");
         assert!(s.contains(&format!("{} → {}", counts(&SEED_000), counts(&scaled))), "{s}");
-        let fits = text(&plan(Target::Profile { zone: None, free: SEED_000.to_vec() }, Some(512 << 20)), 24 << 30);
+        let fits =
+            text(&plan(Target::Profile { zone: None, free: SEED_000.to_vec() }, Some(512 << 20)), 24 << 30);
         assert!(fits.contains("fits unscaled") && !fits.contains("SCALED"), "{fits}");
     }
 
     #[test]
     fn the_whole_machine_note_is_for_hosts_only() {
         let whole = plan(Target::MaxFreeOrder { order: 3, free_bytes: 1 << 30 }, None);
-        let note = whole_machine_note(&whole, 20 << 30, false, "fraglab vm --kernel debian-cloud -- run x.toml", "-")
-            .unwrap();
+        let note = whole_machine_note(
+            &whole,
+            20 << 30,
+            false,
+            "fraglab vm --kernel debian-cloud -- run x.toml",
+            "-",
+        )
+        .unwrap();
         assert!(note.contains("about 19.63 GiB") && note.contains("376.00 MiB reserve"), "{note}");
         assert!(note.contains("fraglab vm --kernel debian-cloud -- run x.toml"), "{note}");
         assert!(whole_machine_note(&whole, 20 << 30, true, "", "").is_none());

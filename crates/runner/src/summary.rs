@@ -46,7 +46,8 @@ fn fragment_line(f: &Value) -> String {
     let Ok(target) = serde_json::from_value::<fraglab_fragmenter::Target>(f["target"].clone()) else {
         return format!("fragment: target {}\n", f["target"]);
     };
-    let mut o = format!("fragment: {}, {}", crate::describe::extent(budget), crate::describe::target(&target));
+    let mut o =
+        format!("fragment: {}, {}", crate::describe::extent(budget), crate::describe::target(&target));
     if let Some(pin) = f["pin"].as_str() {
         o += &format!("; pin {pin}");
     }
@@ -55,9 +56,13 @@ fn fragment_line(f: &Value) -> String {
         v.as_array().map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0)).collect()).unwrap_or_default()
     };
     let scale = f["scale"].as_f64().unwrap_or(1.0);
-    if let Some(s) =
-        crate::describe::scaled_profile(&target, scale, budget, &orders(&f["planned"]), &orders(&f["missing"]))
-    {
+    if let Some(s) = crate::describe::scaled_profile(
+        &target,
+        scale,
+        budget,
+        &orders(&f["planned"]),
+        &orders(&f["missing"]),
+    ) {
         o += &format!("  {s}\n");
     }
     o
