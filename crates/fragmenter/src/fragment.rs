@@ -221,7 +221,12 @@ impl Fragmenter {
                     shape::max_free_order(&pfns, *order, free_bytes / PAGE_SIZE as u64, plan.nr_orders)
                 }
                 Target::Profile { free, .. } => {
-                    let (scaled, f) = shape::scale_profile(free, arena.pages() as u64);
+                    // A budget bounds what is shaped; memory taken beyond it only to find whole
+                    // aligned regions is surplus, given back after the cut, and must not unscale it.
+                    let fit = plan
+                        .budget
+                        .map_or(arena.pages() as u64, |b| (b / PAGE_SIZE as u64).min(arena.pages() as u64));
+                    let (scaled, f) = shape::scale_profile(free, fit);
                     scale = f;
                     shape::profile(&pfns, &scaled, plan.nr_orders)
                 }

@@ -5,6 +5,7 @@ pub mod cli;
 pub mod commands;
 pub mod compare;
 pub mod config;
+pub mod describe;
 pub mod pipeline;
 pub mod report;
 pub mod resolve;

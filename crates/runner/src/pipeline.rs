@@ -140,6 +140,10 @@ fn pipeline(
     // One journal for the run: the fragmenter's sysctls and the sweep's, restored together.
     let mut kernel = match &plan.fragment {
         Some(fp) => {
+            let avail = fraglab_fragmenter::fragment::mem_available()?;
+            if let Some(note) = crate::runplan::whole_machine_note(plan, avail, crate::vm::init::in_guest()) {
+                eprint!("{note}");
+            }
             let f = Fragmenter::start(fp.clone(), journal, &mut crate::commands::fragment::progress_bar())?;
             record.fragment = Some(f.status().clone());
             if let Some(why) = target_missed(f.status()) {
@@ -330,7 +334,7 @@ fn monotonic_ns() -> u64 {
 }
 
 /// What the run needs of this machine; the reason it cannot test otherwise.
-fn preflight(plan: &RunPlan) -> std::result::Result<(), String> {
+pub fn preflight(plan: &RunPlan) -> std::result::Result<(), String> {
     if !nix::unistd::geteuid().is_root() {
         return Err("fraglab run needs root (pagemap, mlock, sysctls, tracefs)".into());
     }

@@ -320,8 +320,9 @@ fn known_errno(name: &str) -> bool {
     (1..4096).any(|c| crate::workload::result::errno_name(c) == name)
 }
 
-/// The plan in words, for `--dry-run`.
-pub fn describe(plan: &RunPlan) -> String {
+/// The plan in words, for `--dry-run` (which adds what this machine lacks and the closing line). `mem_available` is the MemAvailable the plan was resolved
+/// against; `in_guest` says whether this is a `fraglab vm` guest (no whole-machine warning there).
+pub fn describe(plan: &RunPlan, mem_available: u64, in_guest: bool) -> String {
     let mut o = format!(
         "run {} ({} iteration(s)), results under {}\n",
         plan.name,
@@ -329,13 +330,24 @@ pub fn describe(plan: &RunPlan) -> String {
         plan.output.display()
     );
     match &plan.fragment {
-        Some(f) => o += &format!("fragment: {:?}, budget {:?}, pin {:?}\n", f.target, f.budget, f.pin),
+        Some(f) => {
+            for (key, value) in crate::describe::plan(f, mem_available) {
+                if key == "target" {
+                    o += &format!("fragment: {value}\n");
+                } else {
+                    o += &format!("  {:<9} {value}\n", format!("{key}:"));
+                }
+            }
+            if let Some(note) = whole_machine_note(plan, mem_available, in_guest) {
+                o += &note;
+            }
+        }
         None => o += "fragment: none (baseline run)\n",
     }
     let monitors: Vec<_> = plan.monitors.iter().map(|m| m.name()).collect();
     o += &format!(
-        "probe: every {:?}: {}; failures of order ≥ {} caught\n",
-        plan.interval,
+        "probe: every {}: {}; failures of order ≥ {} caught\n",
+        humantime::format_duration(plan.interval),
         monitors.join(", "),
         plan.catch_min_order
     );
@@ -349,6 +361,48 @@ pub fn describe(plan: &RunPlan) -> String {
             p.workloads.iter().map(|w| w.kind_name.as_str()).collect::<Vec<_>>().join(", ")
         );
     }
-    o += &format!("expect: {:?}\ndry run: nothing taken, nothing changed\n", plan.expect);
+    o += &format!("expect: {}\n", expect_rules(plan));
     o
+}
+
+/// The loud statement a whole-machine run gets on a host (none with a budget or in a guest).
+pub fn whole_machine_note(plan: &RunPlan, mem_available: u64, in_guest: bool) -> Option<String> {
+    let config = plan.config_path.display();
+    crate::describe::whole_machine_note(
+        plan.fragment.as_ref()?,
+        mem_available,
+        in_guest,
+        &format!("fraglab vm --kernel debian-cloud -- run {config}"),
+        &format!("add budget = \"2GiB\" (any size) under [fragment] in {config}"),
+    )
+}
+
+/// When the run counts as reproduced, in the words of the verdict's rules (`pipeline::verdict`).
+pub fn expect_rules(plan: &RunPlan) -> String {
+    let e = &plan.expect;
+    let errnos = if e.errno.is_empty() { "ENOMEM or ENOBUFS".to_string() } else { e.errno.join(" or ") };
+    let from = if e.errno.is_empty() && e.failed_order.is_none() && e.failed_in.is_empty() {
+        "; no [expect] table: these are the defaults"
+    } else {
+        ""
+    };
+    if !e.errno.is_empty() && e.failed_order.is_none() && e.failed_in.is_empty() {
+        return format!(
+            "reproduced if a workload sees {errnos}; failed allocations caught in the kernel do not count"
+        );
+    }
+    let order = e.failed_order.unwrap_or(plan.catch_min_order);
+    let failure = if e.failed_in.is_empty() {
+        format!(
+            "a failed allocation of order ≥ {order} is caught in the kernel{}",
+            if plan.kmsg { " (tracepoint or kernel log)" } else { "" }
+        )
+    } else {
+        format!(
+            "a failed allocation of order ≥ {order} is caught with {} in its stack (a failure caught \
+             without a stack makes it could-not-test)",
+            e.failed_in.join(" or ")
+        )
+    };
+    format!("reproduced if a workload sees {errnos}, or {failure}{from}")
 }

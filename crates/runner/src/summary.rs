@@ -38,6 +38,36 @@ pub fn mean_stddev(v: &[f64]) -> (f64, f64) {
 /// One summary row's values, unit and errno counts.
 type Row = (Vec<f64>, &'static str, BTreeMap<String, u64>);
 
+/// `fragment: budget 512.00 MiB, no free block of order ≥ 4 (64K), 480.00 MiB free below it; pin
+/// mlock`, and the scaling of a profile target. A target this fraglab cannot read (a results
+/// directory from another version) is quoted as its JSON.
+fn fragment_line(f: &Value) -> String {
+    let budget = f["budget"].as_u64();
+    let Ok(target) = serde_json::from_value::<fraglab_fragmenter::Target>(f["target"].clone()) else {
+        return format!("fragment: target {}\n", f["target"]);
+    };
+    let mut o =
+        format!("fragment: {}, {}", crate::describe::extent(budget), crate::describe::target(&target));
+    if let Some(pin) = f["pin"].as_str() {
+        o += &format!("; pin {pin}");
+    }
+    o += "\n";
+    let orders = |v: &Value| -> Vec<u64> {
+        v.as_array().map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0)).collect()).unwrap_or_default()
+    };
+    let scale = f["scale"].as_f64().unwrap_or(1.0);
+    if let Some(s) = crate::describe::scaled_profile(
+        &target,
+        scale,
+        budget,
+        &orders(&f["planned"]),
+        &orders(&f["missing"]),
+    ) {
+        o += &format!("  {s}\n");
+    }
+    o
+}
+
 pub fn render(dir: &Path) -> Result<String> {
     let run = load(dir, "run.json")?;
     let workloads =
@@ -58,7 +88,7 @@ pub fn render(dir: &Path) -> Result<String> {
                 .map(|a| a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "))
                 .unwrap_or_default()
         };
-        o += &format!("fragment: target {}\n", f["target"]);
+        o += &fragment_line(f);
         o += &format!("  planned free blocks per order: {}\n", cells(&f["planned"]));
         o += &format!("  intact at the end:             {}\n", cells(&f["intact"]));
         for z in f["buddyinfo_now"]["zones"].as_array().into_iter().flatten() {

@@ -178,7 +178,18 @@ fn daemon_holds_until_release() {
     let dir = run_dir("daemon");
     let out = fraglab(&dir, &["fragment", "--max-free-order", "3", "--budget", "256MiB", "--daemon"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("no free block of order ≥ 3"));
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(report.contains("budget 256.00 MiB, no free block of order ≥ 3 (32K)"), "{report}");
+    assert!(report.contains("; pin mlock"), "{report}");
+    // The human status reads as the report does: no Rust Debug formatting.
+    let human = fraglab(&dir, &["status"]);
+    let human = String::from_utf8_lossy(&human.stdout).to_string();
+    for text in [&report, &human] {
+        assert!(text.contains("; pin mlock"), "{text}");
+        for leak in ["Mlock", "Some(", "MaxFreeOrder"] {
+            assert!(!text.contains(leak), "{leak:?} in:\n{text}");
+        }
+    }
     let status = fraglab(&dir, &["status", "--json"]);
     let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert!(s["planned"][0].as_u64().unwrap() > 1000, "{s}");
@@ -187,6 +198,48 @@ fn daemon_holds_until_release() {
     assert!(fraglab(&dir, &["release"]).status.success());
     assert!(!fraglab(&dir, &["status"]).status.success(), "still holding after release");
     assert_restored(&before, "after the release");
+}
+
+/// Dry runs whose plan must say what will happen for each kind of target: (args, must say, must not).
+type DryRun = (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>);
+
+fn whole_machine_and_scaled_dry_runs() -> Vec<DryRun> {
+    let meminfo = "Normal: 512*4kB (UME) 97*8kB (UM) 12*16kB (M) = 3016kB";
+    let seed = "Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0";
+    vec![
+        // Whole machine, profile: no pipe fill happens, so none may be promised.
+        (
+            vec!["fragment", "--profile", meminfo, "--dry-run"],
+            vec![
+                "target:   whole machine, profile of zone Normal: free blocks per order 512 97 12 0",
+                "no pipe fill for a profile target",
+                "fits unscaled",
+                "!! WHOLE MACHINE on this host",
+                "--budget SIZE",
+            ],
+            vec!["then pipe pages", "[512"],
+        ),
+        // Whole machine, max free order: the pipe fill does run.
+        (
+            vec!["fragment", "--max-free-order", "3", "--dry-run"],
+            vec![
+                "target:   whole machine, no free block of order ≥ 3 (32K)",
+                "then pipe pages",
+                "blocks of order ≥ 3 still free in the reserve",
+                "!! WHOLE MACHINE on this host",
+            ],
+            vec!["MaxFreeOrder"],
+        ),
+        // Seed 000's profile needs ≈ 322 MiB: in a 128 MiB budget it is scaled, and the plan says so.
+        (
+            vec!["fragment", "--profile", seed, "--budget", "128MiB", "--dry-run"],
+            vec![
+                "SCALED by 0.3975 to fit the 128.00 MiB budget",
+                "40773 37 34 29 0 0 0 0 0 0 0 → 16208 14 13 11 0 0 0 0 0 0 0",
+            ],
+            vec!["WHOLE MACHINE", "pipe pages"],
+        ),
+    ]
 }
 
 #[test]
@@ -216,7 +269,23 @@ fn bad_input_is_refused_with_no_side_effect() {
     }
     let dry = fraglab(&dir, &["fragment", "--max-free-order", "4", "--budget", "1GiB", "--dry-run"]);
     assert!(dry.status.success());
-    assert!(String::from_utf8_lossy(&dry.stdout).contains("nothing taken"));
+    let plan = String::from_utf8_lossy(&dry.stdout);
+    assert!(plan.contains("nothing taken"));
+    assert!(plan.contains("target:   budget 1.00 GiB, no free block of order ≥ 4 (64K)"), "{plan}");
+    assert!(plan.contains("pin:      mlock:"), "{plan}");
+    assert!(!plan.contains("Mlock") && !plan.contains("WHOLE MACHINE"), "{plan}");
+    assert!(!plan.contains("pipe pages"), "a budget has no pipe fill: {plan}");
+    for (args, want, not) in whole_machine_and_scaled_dry_runs() {
+        let out = fraglab(&dir, &args);
+        let plan = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        for w in want {
+            assert!(plan.contains(w), "{args:?}: {w:?} missing in:\n{plan}");
+        }
+        for n in not {
+            assert!(!plan.contains(n), "{args:?}: {n:?} in:\n{plan}");
+        }
+    }
     if !held_elsewhere {
         assert_restored(&before, "refused and dry-run commands");
     }

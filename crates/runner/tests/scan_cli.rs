@@ -158,7 +158,10 @@ fn printed_profiles_are_accepted_by_fragment_dry_run() {
             let zone = p["area"]["zone"].as_str().unwrap();
             let free: Vec<String> =
                 p["area"]["free"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
-            assert!(plan.contains(&format!("profile {zone} [{}]", free.join(", "))), "{plan}");
+            assert!(
+                plan.contains(&format!("profile of zone {zone}: free blocks per order {}", free.join(" "))),
+                "{plan}"
+            );
             assert!(plan.contains("dry run: nothing taken, nothing changed"), "{plan}");
             n += 1;
         }

@@ -14,10 +14,11 @@ use fraglab_fragmenter::control::{self, Request};
 use fraglab_fragmenter::fragment::{Fragmenter, Progress};
 use fraglab_fragmenter::instance::Instance;
 use fraglab_fragmenter::sysctl::Journal;
-use fraglab_fragmenter::{Plan, Status, Target};
+use fraglab_fragmenter::{Plan, Status};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::{FragmentArgs, StatusArgs};
+use crate::describe;
 use crate::resolve::{self, FragmentSpec, Machine};
 use crate::units::{format_size, order_size};
 
@@ -31,6 +32,12 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
     if args.dry_run {
         print_plan(&plan, &machine, args.json)?;
         return Ok(ExitCode::SUCCESS);
+    }
+    if !args.daemon_child {
+        // Before anything is taken, where the user is looking (the daemon child's stderr is a log).
+        if let Some(note) = whole_machine_note(&plan, machine.mem_available) {
+            eprint!("{note}");
+        }
     }
     if args.daemon && !args.daemon_child {
         return spawn_daemon(run_dir);
@@ -214,59 +221,30 @@ pub fn release(run_dir: &Path) -> Result<ExitCode> {
     bail!("the fragmenter acknowledged the release but still holds its lock after 30 s")
 }
 
-fn describe(target: &Target) -> String {
-    match target {
-        Target::MaxFreeOrder { order, free_bytes } => {
-            format!(
-                "no free block of order ≥ {order} ({}), {} free below it",
-                order_size(*order),
-                format_size(*free_bytes)
-            )
-        }
-        Target::Profile { zone, free } => {
-            format!("profile {}{:?}", zone.as_ref().map(|z| format!("{z} ")).unwrap_or_default(), free)
-        }
-    }
-}
-
 fn print_plan(plan: &Plan, machine: &Machine, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(plan)?);
         return Ok(());
     }
-    println!("target:   {}", describe(&plan.target));
-    match plan.budget {
-        Some(b) => println!(
-            "take:     {} (budget); where free memory is already in small blocks, up to {} to find whole \
-             aligned regions, the surplus given back after the cut",
-            format_size(b),
-            format_size(b.saturating_mul(4))
-        ),
-        None => println!(
-            "take:     all free memory above the reserve, about {}; then pipe pages for the high-order \
-             blocks left in the reserve",
-            format_size(machine.mem_available.saturating_sub(plan.reserve))
-        ),
+    for (key, value) in describe::plan(plan, machine.mem_available) {
+        println!("{:<9} {value}", format!("{key}:"));
     }
-    println!("pin:      {:?}", plan.pin);
-    println!(
-        "reserve:  {} of MemAvailable never taken; below {} while holding, memory is given back",
-        format_size(plan.reserve),
-        format_size(plan.floor)
-    );
-    let mut sysctls = vec!["vm.percpu_pagelist_high_fraction"];
-    if plan.pin == fraglab_fragmenter::Pin::Mlock {
-        sysctls.push("vm.compact_unevictable_allowed = 0");
+    if let Some(note) = whole_machine_note(plan, machine.mem_available) {
+        print!("{note}");
     }
-    if plan.no_proactive_compaction {
-        sysctls.push("vm.compaction_proactiveness = 0");
-    }
-    if plan.budget.is_none() {
-        sysctls.push("vm.lowmem_reserve_ratio (DMA entry = 1)");
-    }
-    println!("sysctls:  {} (journaled, restored on release)", sysctls.join(", "));
     println!("dry run: nothing taken, nothing changed");
     Ok(())
+}
+
+/// The whole-machine warning for `fraglab fragment` on a host.
+fn whole_machine_note(plan: &Plan, mem_available: u64) -> Option<String> {
+    describe::whole_machine_note(
+        plan,
+        mem_available,
+        crate::vm::init::in_guest(),
+        "fraglab vm --kernel debian-cloud --script SCRIPT (fragment --daemon, your test, release: docs/vm.md)",
+        "add --budget SIZE",
+    )
 }
 
 /// The human (or JSON) account of a hold.
@@ -275,13 +253,12 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(s)?);
         return Ok(());
     }
-    println!("fraglab pid {}: {}", s.pid, describe(&s.target));
+    println!("fraglab pid {}: {}, {}", s.pid, describe::extent(s.budget), describe::target(&s.target));
     println!(
-        "  holding {}, freed {} in planned blocks; pin {:?}{}",
+        "  holding {}, freed {} in planned blocks; pin {}",
         format_size(s.held_bytes),
         format_size(s.freed_bytes),
-        s.pin,
-        s.budget.map(|b| format!(", budget {}", format_size(b))).unwrap_or_default()
+        describe::pin(s.pin)
     );
     if s.naive {
         println!(
@@ -306,8 +283,8 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
             format_size(s.missing_bytes)
         );
     }
-    if s.scale < 1.0 {
-        println!("  profile scaled by {:.4} to fit the memory taken", s.scale);
+    if let Some(scaled) = describe::scaled_profile(&s.target, s.scale, s.budget, &s.planned, &s.missing) {
+        println!("  {scaled}");
     }
     println!("  held pages moved since the cut: {}", s.moved_pages);
     if let Some(left) = s.leftover_pages {

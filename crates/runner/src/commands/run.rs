@@ -50,7 +50,15 @@ fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<ExitCode> {
         plan.fragment = None;
     }
     if args.dry_run {
-        print!("{}", runplan::describe(&plan));
+        print!("{}", runplan::describe(&plan, machine.mem_available, crate::vm::init::in_guest()));
+        if let Err(why) = pipeline::preflight(&plan) {
+            println!(
+                "could not test here: {why}; a real run stops with exit {} (could-not-test) before \
+                 taking any memory or changing any sysctl",
+                crate::EXIT_UNSUPPORTED
+            );
+        }
+        println!("dry run: nothing taken, nothing changed");
         return Ok(ExitCode::SUCCESS);
     }
     let stop = Arc::new(AtomicBool::new(false));

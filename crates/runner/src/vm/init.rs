@@ -37,6 +37,15 @@ pub struct Job {
     pub deadline_secs: Option<u64>,
 }
 
+/// Whether this process runs inside a `fraglab vm` guest: PID 1 is fraglab's guest init. Read from
+/// `/proc/1/cmdline` rather than `FRAGLAB_VM`, so a variable exported on a host cannot pass for a
+/// guest and hide the whole-machine warning.
+pub fn in_guest() -> bool {
+    std::fs::read("/proc/1/cmdline")
+        .map(|c| c.split(|&b| b == 0).any(|arg| arg == b"--guest-init"))
+        .unwrap_or(false)
+}
+
 /// Never returns: the guest powers off.
 pub fn run() -> ! {
     if std::process::id() != 1 {

@@ -1,0 +1,298 @@
+//! The fragmenter's plan and status in words — kernel vocabulary, human sizes — for the human output
+//! of `fraglab fragment`, `fraglab status` and `fraglab run` (its `--dry-run` and its summary).
+//! `--json` prints the structures themselves; nothing here changes them.
+
+use fraglab_fragmenter::arena::PAGE_SIZE;
+use fraglab_fragmenter::shape::{profile_pages, scale_profile};
+use fraglab_fragmenter::{Pin, Plan, Target};
+
+use crate::units::{format_size, order_size};
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// Whole-machine pipe fill stops when MemAvailable comes this close to the floor (two of its 16 MiB
+/// steps, `fragment::fill_leftovers`).
+const FILL_STOP_ABOVE_FLOOR: u64 = 32 << 20;
+
+/// `no free block of order ≥ 4 (64K), 960.00 MiB free below it`, or
+/// `profile of zone Normal: free blocks per order 40773 37 34 29 0 0 0 0 0 0 0 (161.00 MiB free)`.
+pub fn target(t: &Target) -> String {
+    match t {
+        Target::MaxFreeOrder { order, free_bytes } => format!(
+            "no free block of order ≥ {order} ({}), {} free below it",
+            order_size(*order),
+            format_size(*free_bytes)
+        ),
+        Target::Profile { zone, free } => format!(
+            "profile{}: free blocks per order {} ({} free)",
+            zone.as_deref().map(|z| format!(" of zone {z}")).unwrap_or_default(),
+            counts(free),
+            format_size(profile_free_bytes(free))
+        ),
+    }
+}
+
+/// `budget 1.00 GiB`, or `whole machine` when there is no budget.
+pub fn extent(budget: Option<u64>) -> String {
+    match budget {
+        Some(b) => format!("budget {}", format_size(b)),
+        None => "whole machine".into(),
+    }
+}
+
+/// The pin mode as `--pin` and `[fragment] pin` spell it.
+pub fn pin(p: Pin) -> &'static str {
+    match p {
+        Pin::Mlock => "mlock",
+        Pin::None => "none",
+    }
+}
+
+/// Free-block counts per order, space-separated like a buddyinfo line.
+pub fn counts(free: &[u64]) -> String {
+    free.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ")
+}
+
+/// Bytes free in a profile's blocks.
+pub fn profile_free_bytes(free: &[u64]) -> u64 {
+    free.iter().enumerate().map(|(o, &n)| (n << o) * PAGE).sum()
+}
+
+/// MemAvailable − reserve: what a whole-machine fragmenter takes, as of `mem_available`.
+pub fn takeable(plan: &Plan, mem_available: u64) -> u64 {
+    mem_available.saturating_sub(plan.reserve)
+}
+
+/// The plan as `key: value` lines, in the order a dry run prints them. `mem_available` is the
+/// MemAvailable the plan was resolved against.
+pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
+    let takeable = takeable(plan, mem_available);
+    let mut lines = vec![("target", format!("{}, {}", extent(plan.budget), target(&plan.target)))];
+    let take = match (plan.budget, &plan.target) {
+        (Some(b), _) => format!(
+            "{} (budget); where free memory is already in small blocks, up to {} to find whole aligned \
+             regions, the surplus given back after the cut; the rest of the machine keeps its free blocks",
+            format_size(b),
+            format_size(b.saturating_mul(4))
+        ),
+        (None, Target::MaxFreeOrder { order, .. }) => format!(
+            "all free memory above the reserve, about {}; then pipe pages (unmovable order-0 \
+             allocations) break up the blocks of order ≥ {order} still free in the reserve, in every \
+             zone but DMA, until none is left, MemAvailable comes within {} of the floor, or 60 s pass",
+            format_size(takeable),
+            format_size(FILL_STOP_ABOVE_FLOOR)
+        ),
+        (None, Target::Profile { .. }) => format!(
+            "all free memory above the reserve, about {}, cut to the profile; no pipe fill for a \
+             profile target: the reserve keeps its own free blocks, high orders included, beside the \
+             profile's",
+            format_size(takeable)
+        ),
+    };
+    lines.push(("take", take));
+    if let Target::Profile { free, .. } = &plan.target {
+        lines.push(("profile", profile_fit(free, plan.budget, takeable)));
+    }
+    lines.push((
+        "pin",
+        match plan.pin {
+            Pin::Mlock => "mlock: held pages are mlocked and vm.compact_unevictable_allowed = 0, so \
+                           compaction cannot move them"
+                .into(),
+            Pin::None => "none: held pages stay movable; compaction may migrate them and merge the \
+                          freed blocks back"
+                .into(),
+        },
+    ));
+    lines.push((
+        "reserve",
+        format!(
+            "{} of MemAvailable never taken; below {} while holding, memory is given back",
+            format_size(plan.reserve),
+            format_size(plan.floor)
+        ),
+    ));
+    let mut sysctls = vec!["vm.percpu_pagelist_high_fraction = 100000"];
+    if plan.pin == Pin::Mlock {
+        sysctls.push("vm.compact_unevictable_allowed = 0");
+    }
+    if plan.no_proactive_compaction {
+        sysctls.push("vm.compaction_proactiveness = 0");
+    }
+    if plan.budget.is_none() {
+        sysctls.push("vm.lowmem_reserve_ratio (DMA entry = 1)");
+    }
+    lines.push(("sysctls", format!("{} (journaled, restored on release)", sysctls.join(", "))));
+    lines
+}
+
+/// Whether a profile fits what will be shaped, and if not, to what it is scaled. With a budget the
+/// fragmenter scales to the budget, so the numbers are the ones the run will use; whole-machine,
+/// they follow what is actually taken.
+fn profile_fit(free: &[u64], budget: Option<u64>, takeable: u64) -> String {
+    let need = profile_pages(free) * PAGE;
+    let (fit, what) = match budget {
+        Some(b) => (b, format!("the {} budget", format_size(b))),
+        None => (takeable, format!("the about {} taken", format_size(takeable))),
+    };
+    if need <= fit {
+        return format!(
+            "fits unscaled: it needs at most {} (an owned region of 2^(o+1) pages per order-o block) \
+             of {what}",
+            format_size(need)
+        );
+    }
+    let (scaled, f) = scale_profile(free, fit / PAGE);
+    format!(
+        "SCALED by {f:.4} to fit {what} (it needs up to {} unscaled): free blocks per order {} → {} \
+         ({} → {} free){}",
+        format_size(need),
+        counts(free),
+        counts(&scaled),
+        format_size(profile_free_bytes(free)),
+        format_size(profile_free_bytes(&scaled)),
+        if budget.is_none() { "; the factor follows what is actually taken" } else { "" }
+    )
+}
+
+/// After a profile was cut: `profile scaled by 0.3975 to fit the 128.00 MiB budget: free blocks per
+/// order 40773 37 … → 16206 14 …`, from the status's target and the blocks it planned or missed.
+/// `None` when it was not scaled.
+pub fn scaled_profile(
+    t: &Target,
+    scale: f64,
+    budget: Option<u64>,
+    planned: &[u64],
+    missing: &[u64],
+) -> Option<String> {
+    let Target::Profile { free, .. } = t else { return None };
+    if scale >= 1.0 {
+        return None;
+    }
+    let scaled: Vec<u64> =
+        (0..free.len()).map(|o| planned.get(o).unwrap_or(&0) + missing.get(o).unwrap_or(&0)).collect();
+    Some(format!(
+        "profile scaled by {scale:.4} to fit {}: free blocks per order {} → {} ({} → {} free)",
+        budget.map_or("the memory taken".to_string(), |b| format!("the {} budget", format_size(b))),
+        counts(free),
+        counts(&scaled),
+        format_size(profile_free_bytes(free)),
+        format_size(profile_free_bytes(&scaled))
+    ))
+}
+
+/// The loud statement a whole-machine plan gets on a host: how much it takes, what is left, and how
+/// to do it in a guest or in part instead. `None` with a budget or inside a `fraglab vm` guest.
+/// `guest` is the `fraglab vm …` command line that does it in a guest, `budget_hint` how to give a
+/// budget (`--budget SIZE`, or the config key).
+pub fn whole_machine_note(
+    plan: &Plan,
+    mem_available: u64,
+    in_guest: bool,
+    guest: &str,
+    budget_hint: &str,
+) -> Option<String> {
+    if plan.budget.is_some() || in_guest {
+        return None;
+    }
+    Some(format!(
+        "!! WHOLE MACHINE on this host (no budget, not a `fraglab vm` guest): fraglab takes about {} of \
+         MemAvailable {} and holds it; everything else here has only the {} reserve until it is \
+         released.\n\
+         !! To do it in a throwaway guest instead: {guest}\n\
+         !! To shape only part of this host: {budget_hint}\n",
+        format_size(takeable(plan, mem_available)),
+        format_size(mem_available),
+        format_size(plan.reserve)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(target: Target, budget: Option<u64>) -> Plan {
+        Plan {
+            target,
+            budget,
+            pin: Pin::Mlock,
+            reserve: 376 << 20,
+            floor: 132 << 20,
+            no_proactive_compaction: false,
+            nr_orders: 11,
+        }
+    }
+
+    const SEED_000: [u64; 11] = [40773, 37, 34, 29, 0, 0, 0, 0, 0, 0, 0];
+
+    fn text(p: &Plan, avail: u64) -> String {
+        super::plan(p, avail).iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
+    }
+
+    #[test]
+    fn no_debug_formatting() {
+        let targets = [
+            Target::MaxFreeOrder { order: 3, free_bytes: 21_295_009_792 },
+            Target::Profile { zone: Some("Normal".into()), free: SEED_000.to_vec() },
+        ];
+        for t in targets {
+            for b in [None, Some(128 << 20)] {
+                let s = text(&plan(t.clone(), b), 24 << 30);
+                for leak in ["Some(", "None", "Mlock", "MaxFreeOrder", "Profile {", "[40773"] {
+                    assert!(!s.contains(leak), "{leak:?} in:\n{s}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pipe_fill_is_promised_only_for_whole_machine_max_free_order() {
+        let mfo = text(&plan(Target::MaxFreeOrder { order: 3, free_bytes: 1 << 30 }, None), 24 << 30);
+        assert!(mfo.contains("pipe pages") && mfo.contains("order ≥ 3 still free in the reserve"), "{mfo}");
+        let prof = text(&plan(Target::Profile { zone: None, free: vec![512, 97, 12] }, None), 24 << 30);
+        assert!(prof.contains("no pipe fill for a profile target"), "{prof}");
+        assert!(!prof.contains("then pipe pages"), "{prof}");
+        let budget =
+            text(&plan(Target::MaxFreeOrder { order: 3, free_bytes: 1 << 20 }, Some(64 << 20)), 24 << 30);
+        assert!(!budget.contains("pipe pages"), "{budget}");
+    }
+
+    #[test]
+    fn a_profile_scaled_to_the_budget_says_from_what_to_what() {
+        // 82430 pages needed (≈ 322 MiB); 128 MiB is 32768 pages: factor 0.3975.
+        let s =
+            text(&plan(Target::Profile { zone: None, free: SEED_000.to_vec() }, Some(128 << 20)), 24 << 30);
+        let (scaled, f) = scale_profile(&SEED_000, 32768);
+        assert!(s.contains(&format!("SCALED by {f:.4} to fit the 128.00 MiB budget")), "{s}");
+        assert!(s.contains(&format!("{} → {}", counts(&SEED_000), counts(&scaled))), "{s}");
+        let fits =
+            text(&plan(Target::Profile { zone: None, free: SEED_000.to_vec() }, Some(512 << 20)), 24 << 30);
+        assert!(fits.contains("fits unscaled") && !fits.contains("SCALED"), "{fits}");
+    }
+
+    #[test]
+    fn the_whole_machine_note_is_for_hosts_only() {
+        let whole = plan(Target::MaxFreeOrder { order: 3, free_bytes: 1 << 30 }, None);
+        let note = whole_machine_note(
+            &whole,
+            20 << 30,
+            false,
+            "fraglab vm --kernel debian-cloud -- run x.toml",
+            "-",
+        )
+        .unwrap();
+        assert!(note.contains("about 19.63 GiB") && note.contains("376.00 MiB reserve"), "{note}");
+        assert!(note.contains("fraglab vm --kernel debian-cloud -- run x.toml"), "{note}");
+        assert!(whole_machine_note(&whole, 20 << 30, true, "", "").is_none());
+        let budgeted = plan(Target::MaxFreeOrder { order: 3, free_bytes: 1 << 20 }, Some(64 << 20));
+        assert!(whole_machine_note(&budgeted, 20 << 30, false, "", "").is_none());
+    }
+
+    #[test]
+    fn a_scaled_status_names_both_profiles() {
+        let t = Target::Profile { zone: None, free: vec![10, 4] };
+        let s = scaled_profile(&t, 0.5, Some(1 << 20), &[4, 2], &[1, 0]).unwrap();
+        assert!(s.contains("10 4 → 5 2") && s.contains("the 1.00 MiB budget"), "{s}");
+        assert!(scaled_profile(&t, 1.0, None, &[10, 4], &[0, 0]).is_none());
+    }
+}
