@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use fraglab_probe::extfrag::{format_fragmentation_index, format_unusable_index};
 use fraglab_probe::meminfo::FreeTable;
 use fraglab_probe::snapshot::{Monitor, Sampler, Snapshot};
+use fraglab_probe::zoneinfo::ZoneInfo;
 
 use crate::cli::ProbeArgs;
 use crate::units::{format_size, order_size, parse_duration};
@@ -134,6 +135,9 @@ pub fn human(s: &Snapshot) -> String {
             );
         }
     }
+    if let Some(zi) = &s.zoneinfo {
+        o.push_str(&watermarks(zi));
+    }
     if let Some(f) = &s.free {
         line(&mut o, "\nfree (KiB, as procps free computes it)".into());
         o.push_str(&FreeTable::format_rows(std::slice::from_ref(f)));
@@ -219,6 +223,46 @@ pub fn human(s: &Snapshot) -> String {
                 ),
             );
         }
+    }
+    o
+}
+
+/// One line per populated zone: free pages against the watermarks, in MiB, with the per-CPU lists
+/// beside them because their pages are free but counted in neither `free` nor buddyinfo.
+pub fn watermarks(zi: &ZoneInfo) -> String {
+    let mib = |pages: u64| format!("{:.1}", (pages * procfs::page_size()) as f64 / (1024.0 * 1024.0));
+    let opt = |pages: Option<u64>| pages.map_or_else(|| "-".to_string(), mib);
+    let mut o = String::from(
+        "\nWatermarks (/proc/zoneinfo, MiB; free = nr_free_pages; pcp = per-CPU lists, not in free)\n",
+    );
+    o.push_str(&format!(
+        "{:<22}{:>10}{:>9}{:>9}{:>9}{:>9}{:>8}{:>9}{:>10}{:>10}\n",
+        "", "free", "min", "low", "high", "promo", "boost", "pcp", "pcp high", "managed"
+    ));
+    let mut empty = Vec::new();
+    for z in &zi.zones {
+        if !z.populated() {
+            empty.push(z.zone.as_str());
+            continue;
+        }
+        let pcp_high: u64 = z.pagesets.iter().map(|p| p.high).sum();
+        let below = z.below().map_or(String::new(), |w| format!("  below {w}"));
+        o.push_str(&format!(
+            "{:<22}{:>10}{:>9}{:>9}{:>9}{:>9}{:>8}{:>9}{:>10}{:>10}{below}\n",
+            z.label(),
+            mib(z.nr_free_pages),
+            mib(z.min),
+            mib(z.low),
+            mib(z.high),
+            opt(z.promo),
+            opt(z.boost),
+            mib(z.pcp_pages()),
+            mib(pcp_high),
+            mib(z.managed),
+        ));
+    }
+    if !empty.is_empty() {
+        o.push_str(&format!("  (no memory in zone {})\n", empty.join(", ")));
     }
     o
 }
