@@ -44,6 +44,7 @@ fn files(m: Monitor) -> &'static [&'static str] {
         Monitor::Vmstat => &["/proc/vmstat"],
         Monitor::Slabinfo => &["/proc/slabinfo"],
         Monitor::Sockstat => &["/proc/net/sockstat", "/proc/net/sockstat6", "/proc/net/protocols"],
+        Monitor::Zoneinfo => &["/proc/zoneinfo"],
     }
 }
 

@@ -15,5 +15,6 @@ pub mod snapshot;
 pub mod sockstat;
 pub mod tracefs;
 pub mod vmstat;
+pub mod zoneinfo;
 
 pub use error::{Error, Result};

@@ -15,6 +15,7 @@ use crate::pagetypeinfo::PageTypeInfo;
 use crate::slabinfo::SlabInfo;
 use crate::sockstat::SockStat;
 use crate::vmstat::VmCounters;
+use crate::zoneinfo::ZoneInfo;
 use crate::{Error, Result};
 
 /// A kernel interface the probe can sample.
@@ -27,16 +28,18 @@ pub enum Monitor {
     Vmstat,
     Slabinfo,
     Sockstat,
+    Zoneinfo,
 }
 
 impl Monitor {
-    pub const ALL: [Monitor; 6] = [
+    pub const ALL: [Monitor; 7] = [
         Monitor::Buddyinfo,
         Monitor::Pagetypeinfo,
         Monitor::Meminfo,
         Monitor::Vmstat,
         Monitor::Slabinfo,
         Monitor::Sockstat,
+        Monitor::Zoneinfo,
     ];
 
     pub fn name(self) -> &'static str {
@@ -47,6 +50,7 @@ impl Monitor {
             Monitor::Vmstat => "vmstat",
             Monitor::Slabinfo => "slabinfo",
             Monitor::Sockstat => "sockstat",
+            Monitor::Zoneinfo => "zoneinfo",
         }
     }
 
@@ -59,6 +63,7 @@ impl Monitor {
             Monitor::Vmstat => crate::vmstat::PATH,
             Monitor::Slabinfo => crate::slabinfo::PATH,
             Monitor::Sockstat => crate::sockstat::SOCKSTAT_PATH,
+            Monitor::Zoneinfo => crate::zoneinfo::PATH,
         }
     }
 
@@ -110,6 +115,9 @@ pub struct Snapshot {
     pub slabinfo: Option<SlabInfo>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sockstat: Option<SockStat>,
+    /// Watermarks, zone sizes, lowmem reserve and per-CPU lists, from /proc/zoneinfo.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zoneinfo: Option<ZoneInfo>,
 }
 
 impl Snapshot {
@@ -128,6 +136,7 @@ impl Snapshot {
                 Monitor::Vmstat => s.vmstat = Some(VmCounters::read()?),
                 Monitor::Slabinfo => s.slabinfo = Some(SlabInfo::read()?),
                 Monitor::Sockstat => s.sockstat = Some(SockStat::read()?),
+                Monitor::Zoneinfo => s.zoneinfo = Some(ZoneInfo::read()?),
             }
         }
         Ok(s)

@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use fraglab_probe::extfrag::{format_fragmentation_index, format_unusable_index};
 use fraglab_probe::meminfo::FreeTable;
 use fraglab_probe::snapshot::{Monitor, Sampler, Snapshot};
+use fraglab_probe::zoneinfo::ZoneInfo;
 
 use crate::cli::ProbeArgs;
 use crate::units::{format_size, order_size, parse_duration};
@@ -134,6 +135,9 @@ pub fn human(s: &Snapshot) -> String {
             );
         }
     }
+    if let Some(zi) = &s.zoneinfo {
+        o.push_str(&watermarks(zi));
+    }
     if let Some(f) = &s.free {
         line(&mut o, "\nfree (KiB, as procps free computes it)".into());
         o.push_str(&FreeTable::format_rows(std::slice::from_ref(f)));
@@ -221,4 +225,66 @@ pub fn human(s: &Snapshot) -> String {
         }
     }
     o
+}
+
+/// One line per populated zone: free pages against the watermarks, in MiB, with the per-CPU lists
+/// beside them because their pages are free but counted in neither `free` nor buddyinfo.
+pub fn watermarks(zi: &ZoneInfo) -> String {
+    let mib = |pages: u64| format!("{:.1}", (pages * procfs::page_size()) as f64 / (1024.0 * 1024.0));
+    let opt = |pages: Option<u64>| pages.map_or_else(|| "-".to_string(), mib);
+    let mut o = String::from(
+        "\nWatermarks (/proc/zoneinfo, MiB; free = nr_free_pages; pcp = per-CPU lists, not in free)\n",
+    );
+    o.push_str(&format!(
+        "{:<22}{:>10}{:>9}{:>9}{:>9}{:>9}{:>8}{:>9}{:>10}{:>10}\n",
+        "", "free", "min", "low", "high", "promo", "boost", "pcp", "pcp high", "managed"
+    ));
+    let mut empty = Vec::new();
+    for z in &zi.zones {
+        if !z.populated() {
+            empty.push(z.zone.as_str());
+            continue;
+        }
+        let pcp_high: u64 = z.pagesets.iter().map(|p| p.high).sum();
+        let below = z.below().map_or(String::new(), |w| format!("  below {w}"));
+        o.push_str(&format!(
+            "{:<22}{:>10}{:>9}{:>9}{:>9}{:>9}{:>8}{:>9}{:>10}{:>10}{below}\n",
+            z.label(),
+            mib(z.nr_free_pages),
+            mib(z.min),
+            mib(z.low),
+            mib(z.high),
+            opt(z.promo),
+            opt(z.boost),
+            mib(z.pcp_pages()),
+            mib(pcp_high),
+            mib(z.managed),
+        ));
+    }
+    if !empty.is_empty() {
+        o.push_str(&format!("  (no memory in zone {})\n", empty.join(", ")));
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watermark_lines_from_a_real_capture() {
+        let text = include_str!("../../../probe/tests/captures/host-6.18/zoneinfo-grown");
+        let zi = ZoneInfo::parse(text, "zoneinfo-grown").unwrap();
+        let out = watermarks(&zi);
+        assert_eq!(procfs::page_size(), 4096, "the expected MiB figures assume 4 KiB pages");
+        let normal = out.lines().find(|l| l.starts_with("Node 0, zone Normal")).unwrap();
+        let cells: Vec<&str> = normal.split_whitespace().skip(4).collect();
+        // free 947167, min 14769, low 20163, high 25557, promo 30951, boost 0, pcp 20027 + 62194,
+        // pcp high 28728 + 63034 = 358.4 MiB, managed 5394258 pages.
+        assert_eq!(&cells[..7], ["3699.9", "57.7", "78.8", "99.8", "120.9", "0.0", "321.2"]);
+        assert_eq!(cells[7..], ["358.4", "21071.3"]);
+        assert!(!normal.contains("below"), "{normal}");
+        assert!(out.contains("(no memory in zone Movable, Device)"), "{out}");
+        assert!(!out.contains("zone Movable "), "{out}");
+    }
 }
