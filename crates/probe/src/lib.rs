@@ -12,6 +12,7 @@ pub mod meminfo;
 pub mod pagetypeinfo;
 pub mod slabinfo;
 pub mod snapshot;
+pub mod stack;
 pub mod sockstat;
 pub mod tracefs;
 pub mod vmstat;

@@ -591,28 +591,34 @@ fn run_info(r: &RunData) -> RunInfo {
     }
 }
 
+/// A fragment target (run.json's `fragment.target`) in words: `max free order 4, 480.00 MiB free`,
+/// `profile Normal 40773 37 34 ...`.
+pub fn target_text(t: &Value) -> String {
+    let list = |v: &Value| -> Vec<String> {
+        v.as_array().map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0).to_string()).collect()).unwrap_or_default()
+    };
+    match t["kind"].as_str() {
+        Some("max_free_order") => format!(
+            "max free order {}, {} free",
+            t["order"],
+            crate::units::format_size(t["free_bytes"].as_u64().unwrap_or(0))
+        ),
+        Some("profile") => format!(
+            "profile {}{}",
+            t["zone"].as_str().map(|z| format!("{z} ")).unwrap_or_default(),
+            list(&t["free"]).join(" ")
+        ),
+        _ => t.to_string(),
+    }
+}
+
 fn fragment_side(r: &RunData) -> FragmentSide {
     let f = &r.run["fragment"];
     let list = |v: &Value| -> Vec<u64> {
         v.as_array().map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0)).collect()).unwrap_or_default()
     };
     let target = f.get("target").cloned().filter(|t| !t.is_null());
-    let target_text = match &target {
-        None => "none (not fragmented)".to_string(),
-        Some(t) => match t["kind"].as_str() {
-            Some("max_free_order") => format!(
-                "max free order {}, {} free",
-                t["order"],
-                crate::units::format_size(t["free_bytes"].as_u64().unwrap_or(0))
-            ),
-            Some("profile") => format!(
-                "profile {}{}",
-                t["zone"].as_str().map(|z| format!("{z} ")).unwrap_or_default(),
-                list(&t["free"]).iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ")
-            ),
-            _ => t.to_string(),
-        },
-    };
+    let target_text = target.as_ref().map_or_else(|| "none (not fragmented)".to_string(), target_text);
     FragmentSide {
         label: r.label.clone(),
         target,
