@@ -12,8 +12,8 @@ pub mod meminfo;
 pub mod pagetypeinfo;
 pub mod slabinfo;
 pub mod snapshot;
-pub mod stack;
 pub mod sockstat;
+pub mod stack;
 pub mod tracefs;
 pub mod vmstat;
 

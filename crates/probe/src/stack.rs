@@ -203,7 +203,11 @@ where
         match groups.iter_mut().find(|g| g.order == order && g.site == site && g.no_stack == no_stack) {
             Some(g) => g.count += 1,
             None => {
-                let then = if site.is_some() { path_from_site(stack, 6).into_iter().skip(2).collect() } else { Vec::new() };
+                let then = if site.is_some() {
+                    path_from_site(stack, 6).into_iter().skip(2).collect()
+                } else {
+                    Vec::new()
+                };
                 groups.push(CallerGroup { order, site, count: 1, then, no_stack });
             }
         }
@@ -214,8 +218,15 @@ where
 
 /// Where every stack bottoms out and stops saying anything about the caller.
 fn is_entry(name: &str) -> bool {
-    const PREFIXES: &[&str] =
-        &["do_syscall_", "entry_SYSCALL", "__x64_sys_", "__arm64_sys_", "__se_sys_", "__do_sys_", "ret_from_fork"];
+    const PREFIXES: &[&str] = &[
+        "do_syscall_",
+        "entry_SYSCALL",
+        "__x64_sys_",
+        "__arm64_sys_",
+        "__se_sys_",
+        "__do_sys_",
+        "ret_from_fork",
+    ];
     name == "kthread" || PREFIXES.iter().any(|p| name.starts_with(p))
 }
 

@@ -595,7 +595,9 @@ fn run_info(r: &RunData) -> RunInfo {
 /// `profile Normal 40773 37 34 ...`.
 pub fn target_text(t: &Value) -> String {
     let list = |v: &Value| -> Vec<String> {
-        v.as_array().map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0).to_string()).collect()).unwrap_or_default()
+        v.as_array()
+            .map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0).to_string()).collect())
+            .unwrap_or_default()
     };
     match t["kind"].as_str() {
         Some("max_free_order") => format!(

@@ -307,7 +307,13 @@ pub fn describe(plan: &RunPlan) -> String {
         plan.output.display()
     );
     match &plan.fragment {
-        Some(f) => o += &format!("fragment: {:?}, budget {:?}, pin {:?}\n", f.target, f.budget, f.pin),
+        Some(f) => {
+            let target =
+                serde_json::to_value(&f.target).map(|t| crate::compare::target_text(&t)).unwrap_or_default();
+            let budget =
+                f.budget.map_or_else(|| "none (whole machine)".to_string(), crate::units::format_size);
+            o += &format!("fragment: {target}, budget {budget}, pin {:?}\n", f.pin)
+        }
         None => o += "fragment: none (baseline run)\n",
     }
     let monitors: Vec<_> = plan.monitors.iter().map(|m| m.name()).collect();

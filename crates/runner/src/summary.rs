@@ -41,7 +41,8 @@ pub fn mean_stddev(v: &[f64]) -> (f64, f64) {
 /// Labels are `KEY=VALUE` words (`-` without a sweep); values that read as numbers or sizes compare
 /// by value, others as text.
 pub fn point_order(a: &str, b: &str) -> std::cmp::Ordering {
-    let value = |v: &str| v.parse::<f64>().ok().or_else(|| crate::units::parse_size(v).ok().map(|b| b as f64));
+    let value =
+        |v: &str| v.parse::<f64>().ok().or_else(|| crate::units::parse_size(v).ok().map(|b| b as f64));
     let mut wa = a.split_whitespace();
     let mut wb = b.split_whitespace();
     loop {
@@ -210,7 +211,12 @@ mod tests {
             ),
             "{out}"
         );
-        assert!(out.contains("  order 9 ×1 from do_huge_pmd_anonymous_page ← __handle_mm_fault, then handle_mm_fault"), "{out}");
+        assert!(
+            out.contains(
+                "  order 9 ×1 from do_huge_pmd_anonymous_page ← __handle_mm_fault, then handle_mm_fault"
+            ),
+            "{out}"
+        );
         assert!(out.contains("  order 9 ×1 from alloc_charge_hpage ← collapse_huge_page, then hpage_collapse_scan_pmd ← khugepaged\n"), "{out}");
     }
 

@@ -178,7 +178,10 @@ fn quoted_buddyinfo_lines_are_targets() {
     );
     let j = scan_json(&s, "netdev-2018-08-10-sctp-buddyinfo.mail");
     let p = &j["profiles"][3];
-    assert_eq!((p["source"].as_str(), p["zone"].as_str(), p["line"].as_u64()), (Some("buddyinfo"), Some("Normal"), Some(37)));
+    assert_eq!(
+        (p["source"].as_str(), p["zone"].as_str(), p["line"].as_u64()),
+        (Some("buddyinfo"), Some("Normal"), Some(37))
+    );
     assert_eq!(p["budget_bytes"], 322u64 << 20);
     assert!(p["area"].is_null());
 }
@@ -196,7 +199,12 @@ fn printed_profiles_are_accepted_by_fragment_dry_run() {
     ] {
         let j = scan_json(&s, name);
         // The mail's unfragmented 32 GiB machine needs more than this one has.
-        for p in j["profiles"].as_array().unwrap().iter().filter(|p| p["budget_bytes"].as_u64().unwrap() <= 1 << 30) {
+        for p in j["profiles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["budget_bytes"].as_u64().unwrap() <= 1 << 30)
+        {
             let command = p["command"].as_str().unwrap();
             let rest = command.strip_prefix("fraglab ").unwrap();
             let shell = format!("'{FRAGLAB}' --run-dir '{}' {rest} --dry-run", s.0.join("run").display());

@@ -76,8 +76,7 @@ impl Profile {
         const MIB: u64 = 1 << 20;
         let pages = fraglab_fragmenter::shape::profile_pages(&free);
         let budget_bytes = (pages * 4096).div_ceil(MIB).max(1) * MIB;
-        let command =
-            format!("fraglab fragment --profile \"{line}\" --budget {}MiB", budget_bytes / MIB);
+        let command = format!("fraglab fragment --profile \"{line}\" --budget {}MiB", budget_bytes / MIB);
         Profile {
             line: found.line,
             timestamp: found.timestamp,
@@ -154,7 +153,8 @@ pub fn scan(text: &str, name: &str) -> ScanReport {
             KmsgEvent::OomNoVictim => r.oom_no_victim += 1,
             KmsgEvent::FreeArea(area) => {
                 // The line as the kernel prints it; scan_log already joined a wrapped one.
-                let mut p = Profile::new(&found, area.node, area.zone.clone(), area.free.clone(), area.to_line());
+                let mut p =
+                    Profile::new(&found, area.node, area.zone.clone(), area.free.clone(), area.to_line());
                 p.area = Some(area.clone());
                 p.after = last_report.clone();
                 r.profiles.push(p);

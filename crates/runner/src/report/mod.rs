@@ -782,7 +782,8 @@ fn failures(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String {
             );
         }
         o += "</table>";
-        let groups = fraglab_probe::stack::group_by_caller(r.failures.iter().map(|f| (f.order, &f.stack[..])));
+        let groups =
+            fraglab_probe::stack::group_by_caller(r.failures.iter().map(|f| (f.order, &f.stack[..])));
         o += r#"<h3>Failed allocations by caller</h3><p class="help">The first function in each stack that is not the allocator itself (page allocator, slab, kmalloc, vmalloc) and the function that called it; then, for the first failure of the group, the path on towards the system call.</p><table><tr><th>order</th><th class="num">failures</th><th>function ← caller</th><th>then</th></tr>"#;
         for g in &groups {
             let site = match &g.site {
