@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::buddyinfo::ZoneFree;
 use crate::error::{Error, Result};
 
 pub const PATH: &str = "/dev/kmsg";
@@ -87,6 +88,11 @@ pub struct AllocFailureReport {
     pub mems_allowed: Option<String>,
     /// The old `failure. order:1, mode:0x20` form (2.6.x kernels) rather than `failure: order:…`.
     pub legacy_format: bool,
+    /// The `Call Trace:` frames that followed the report in a saved log, innermost first, as
+    /// printed (`? ` marks and `+0x…/0x…` offsets kept; see [`crate::stack`]). Filled by
+    /// [`scan_log`]; empty from [`parse_message`], which sees one line, and when the log has none.
+    #[serde(default)]
+    pub stack: Vec<String>,
 }
 
 /// `<comm> invoked oom-killer: gfp_mask=0x…(…), order=N, oom_score_adj=N`.
@@ -265,6 +271,9 @@ pub enum KmsgEvent {
     /// panics next when the allocation cannot fail).
     OomNoVictim,
     FreeArea(FreeArea),
+    /// A `/proc/buddyinfo` line pasted into a report (`Node 0, zone Normal 40773 37 34 29 0 …`).
+    /// The kernel never logs one: only [`scan_log`] returns it, never [`parse_message`].
+    BuddyInfo(ZoneFree),
 }
 
 const FAILURE: &str = ": page allocation failure";
@@ -361,6 +370,7 @@ fn parse_failure(comm: &str, rest: &str) -> std::result::Result<AllocFailureRepo
         cpuset: field_value(after, "cpuset=", &["mems_allowed="]),
         mems_allowed: field_value(after, "mems_allowed=", &[]),
         legacy_format,
+        stack: Vec::new(),
     })
 }
 
@@ -614,12 +624,59 @@ pub struct LogScan {
 /// a warning, never a failure of the whole scan — bug-report logs are rarely clean.
 pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
     let path = path.as_ref();
-    let lines: Vec<&str> = text.lines().collect();
+    // A report quoted in a mail reply (`> > Node 0 Normal: …`) reads as the log it quotes.
+    let lines: Vec<&str> = text.lines().map(strip_mail_quote).collect();
     let mut out = LogScan { lines: lines.len(), ..LogScan::default() };
+    // The failure report whose `Call Trace:` may still come: (its index in out.events, lines
+    // read since it, inside the trace yet).
+    let mut trace: Option<(usize, usize, bool)> = None;
     let mut i = 0;
     while i < lines.len() {
         let split = split_log_line(lines[i]);
         let mut message = split.message.trim().to_string();
+        if let Some((event, seen, inside)) = trace.as_mut() {
+            let consumed = match trace_line(&message, *inside) {
+                TraceLine::Start if !*inside => {
+                    *inside = true;
+                    true
+                }
+                TraceLine::Marker => true,
+                TraceLine::Frame => {
+                    if let KmsgEvent::AllocFailure(f) = &mut out.events[*event].event {
+                        f.stack.push(message.clone());
+                    }
+                    true
+                }
+                // Between the report and its trace come `CPU:`, `Hardware name:`, `Workqueue:`
+                // and, before v4.9, a few lines of raw stack words: a handful of lines at most.
+                TraceLine::Other if !*inside && *seen < 12 => {
+                    *seen += 1;
+                    false
+                }
+                _ => {
+                    trace = None;
+                    false
+                }
+            };
+            if consumed {
+                i += 1;
+                continue;
+            }
+        }
+        if looks_like_buddyinfo(&message) {
+            match crate::buddyinfo::parse_line(&message) {
+                Ok(zone) => out.events.push(Found {
+                    line: i + 1,
+                    timestamp: split.timestamp,
+                    message,
+                    event: KmsgEvent::BuddyInfo(zone),
+                }),
+                Err(reason) => out.warnings.push(Error::parse(path, i + 1, lines[i], reason)),
+            }
+            trace = None;
+            i += 1;
+            continue;
+        }
         let mut used = 1;
         if looks_like_free_area(&message) && !message.contains('=') {
             // At most a few continuation lines: a whole free-area line is ~200 characters.
@@ -643,6 +700,7 @@ pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
         }
         match parse_message(&message) {
             Ok(Some(event)) => {
+                trace = matches!(event, KmsgEvent::AllocFailure(_)).then_some((out.events.len(), 0, false));
                 out.events.push(Found { line: i + 1, timestamp: split.timestamp, message, event });
             }
             Ok(None) => {}
@@ -651,6 +709,61 @@ pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
         i += used;
     }
     out
+}
+
+/// `> `, `> > `, `>>`: a mail reply's quoting, taken off so a quoted report scans like the log.
+pub fn strip_mail_quote(line: &str) -> &str {
+    let mut l = line;
+    while let Some(rest) = l.strip_prefix('>') {
+        l = rest.strip_prefix(' ').unwrap_or(rest);
+    }
+    l
+}
+
+/// A line after an allocation failure report, as far as its call trace is concerned.
+enum TraceLine {
+    /// `Call Trace:` (`Call trace:` on arm64).
+    Start,
+    /// `<IRQ>`, `</IRQ>`, `<TASK>`, `<EOI>`: a context change inside the trace.
+    Marker,
+    /// ` dump_stack+0x85/0xc0`, ` ? kfree+0x1b6/0x3b0`, `[<ffffffff815f3246>] dump_stack+0x46/0x58`.
+    Frame,
+    Other,
+}
+
+fn trace_line(message: &str, inside: bool) -> TraceLine {
+    if message.eq_ignore_ascii_case("Call Trace:") {
+        return TraceLine::Start;
+    }
+    if !inside {
+        return TraceLine::Other;
+    }
+    let m = message.trim();
+    if m.starts_with('<') && m.ends_with('>') && !m.contains(' ') {
+        return TraceLine::Marker;
+    }
+    // Every printed frame carries `+0xOFF/0xSIZE`; a register dump or `Code:` line has none.
+    if m.contains("+0x") && crate::stack::function_name(m).is_some() {
+        return TraceLine::Frame;
+    }
+    TraceLine::Other
+}
+
+/// `Node 0, zone   Normal  40773 37 34 …`: the zone label and at least one count. A zoneinfo
+/// header (`Node 0, zone Normal` alone) or a pagetypeinfo row (`zone Normal, type Movable …`) is not.
+fn looks_like_buddyinfo(m: &str) -> bool {
+    let Some(rest) = m.strip_prefix("Node") else { return false };
+    let Some((node, rest)) = rest.split_once(',') else { return false };
+    let Some(rest) = rest.trim_start().strip_prefix("zone") else { return false };
+    let mut fields = rest.split_whitespace();
+    let zone = fields.next().unwrap_or("");
+    let counts: Vec<&str> = fields.collect();
+    !node.trim().is_empty()
+        && node.trim().bytes().all(|b| b.is_ascii_digit())
+        && !zone.is_empty()
+        && zone.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !counts.is_empty()
+        && counts.iter().all(|c| c.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// One `/dev/kmsg` record: `prio,seq,ts_usec,flags;message`, then ` KEY=value` dictionary lines.

@@ -13,6 +13,7 @@ pub mod pagetypeinfo;
 pub mod slabinfo;
 pub mod snapshot;
 pub mod sockstat;
+pub mod stack;
 pub mod tracefs;
 pub mod vmstat;
 pub mod zoneinfo;

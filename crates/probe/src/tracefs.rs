@@ -83,6 +83,31 @@ pub struct AllocFailure {
     pub line: String,
 }
 
+/// How a trace prints a task whose name had left the tracer's comm cache (`saved_cmdlines`).
+pub const UNKNOWN_COMM: &str = "<...>";
+
+/// Give each `<...>` failure the name its pid has elsewhere in the same capture, so one task is
+/// not counted under two names. A pid seen under two different real names (reused within the
+/// capture) is left as `<...>`: which of them it was cannot be told.
+pub fn fill_unknown_comms(failures: &mut [AllocFailure]) {
+    let mut names: std::collections::HashMap<i32, Option<String>> = std::collections::HashMap::new();
+    for f in failures.iter().filter(|f| f.comm != UNKNOWN_COMM) {
+        names
+            .entry(f.pid)
+            .and_modify(|n| {
+                if n.as_deref() != Some(f.comm.as_str()) {
+                    *n = None;
+                }
+            })
+            .or_insert_with(|| Some(f.comm.clone()));
+    }
+    for f in failures.iter_mut().filter(|f| f.comm == UNKNOWN_COMM) {
+        if let Some(Some(name)) = names.get(&f.pid) {
+            f.comm = name.clone();
+        }
+    }
+}
+
 /// The part of a trace line before the event: `python3-4567    [001] .....  1717.479162: `.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceHeader {

@@ -409,3 +409,61 @@ proptest! {
         prop_assert_eq!(parse_message(&line), Ok(Some(KmsgEvent::FreeArea(area))));
     }
 }
+
+/// Each report's `Call Trace:` is attached to it, in the forms real kernels printed: 5.3 with `?`
+/// frames and modules, a serial console, arm64's `Call trace:`, 3.18's `[<addr>]` and 2.6's
+/// `<IRQ>` with every frame unreliable. Its call site is the first frame outside the allocator.
+#[test]
+fn call_traces_and_call_sites() {
+    use fraglab_probe::stack::call_site;
+    let site = |name: &str| {
+        let s = scan(name);
+        let f = failures(&s);
+        assert_eq!(f.len(), 1, "{name}");
+        (f[0].stack.clone(), call_site(&f[0].stack).map(|c| c.to_string()))
+    };
+    let (stack, s) = site("linux-mm-2019-08-05-xorg-order4.dmesg");
+    assert_eq!(stack.len(), 42, "{stack:?}");
+    assert_eq!(stack[0], "dump_stack+0x85/0xc0");
+    assert_eq!(stack[2], "? _cond_resched+0x15/0x30");
+    assert_eq!(stack.last().unwrap(), "entry_SYSCALL_64_after_hwframe+0x49/0xbe");
+    assert_eq!(s.as_deref(), Some("dc_create_state ← amdgpu_dm_atomic_commit_tail"));
+    let (_, s) = site("xen-devel-2020-07-22-order4.serial");
+    assert_eq!(s.as_deref(), Some("alloc_empty_pages ← privcmd_ioctl_mmap_batch"));
+    let (_, s) = site("netdev-2022-07-06-ksoftirqd-order0.dmesg");
+    assert_eq!(s.as_deref(), Some("fdb_create ← br_fdb_update"));
+    let (stack, s) = site("redhat-rhel6-order2.kernel");
+    assert_eq!(stack.len(), 5);
+    assert_eq!(s.as_deref(), None, "only allocator frames: {stack:?}");
+    // The 4.9 report has raw stack words but its capture stops before `Call Trace:`.
+    let (stack, _) = site("dcache-3787-swapper-order0.dmesg");
+    assert!(stack.is_empty(), "{stack:?}");
+    // The trace ends at the first line that is no frame: the registers are not frames.
+    let s = scan("linux-mm-2019-08-05-xorg-order4.dmesg");
+    assert_eq!(free_areas(&s).len(), 3);
+}
+
+/// A mail that quotes `/proc/buddyinfo` (seed 000): the `> ` quoting is taken off and each pasted
+/// line is a `BuddyInfo` event; the mail's `* Node: CPU …` line is not one.
+#[test]
+fn quoted_buddyinfo_lines_in_a_mail() {
+    let s = scan("netdev-2018-08-10-sctp-buddyinfo.mail");
+    let zones: Vec<(usize, String, Vec<u64>)> = s
+        .events
+        .iter()
+        .filter_map(|f| match &f.event {
+            KmsgEvent::BuddyInfo(z) => Some((f.line, z.zone.clone(), z.free.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(zones.len(), 6, "{zones:?}");
+    assert_eq!(zones[0], (11, "DMA".into(), vec![0, 1, 1, 0, 2, 1, 1, 0, 1, 1, 3]));
+    assert_eq!(zones[3], (37, "Normal".into(), vec![40773, 37, 34, 29, 0, 0, 0, 0, 0, 0, 0]));
+    assert_eq!(s.events.len(), 6);
+    // The live parser never takes a buddyinfo line for a kernel message.
+    assert_eq!(parse_message("Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0"), Ok(None));
+    // A zoneinfo header and a pagetypeinfo row are not buddyinfo.
+    let other = "Node 0, zone   Normal\nNode    0, zone   Normal, type    Unmovable      1      2\n";
+    let s = scan_log(other, "other");
+    assert!(s.events.is_empty() && s.warnings.is_empty(), "{:?}", s.events);
+}

@@ -611,28 +611,20 @@ fn run_info(r: &RunData) -> RunInfo {
     }
 }
 
+/// A fragment target (run.json's `fragment.target`) in words, as the run's summary says it
+/// ([`crate::describe::target`]); one this fraglab cannot read (another version's) as its JSON.
+pub fn target_text(t: &Value) -> String {
+    serde_json::from_value::<fraglab_fragmenter::Target>(t.clone())
+        .map_or_else(|_| t.to_string(), |t| crate::describe::target(&t))
+}
+
 fn fragment_side(r: &RunData) -> FragmentSide {
     let f = &r.run["fragment"];
     let list = |v: &Value| -> Vec<u64> {
         v.as_array().map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0)).collect()).unwrap_or_default()
     };
     let target = f.get("target").cloned().filter(|t| !t.is_null());
-    let target_text = match &target {
-        None => "none (not fragmented)".to_string(),
-        Some(t) => match t["kind"].as_str() {
-            Some("max_free_order") => format!(
-                "max free order {}, {} free",
-                t["order"],
-                crate::units::format_size(t["free_bytes"].as_u64().unwrap_or(0))
-            ),
-            Some("profile") => format!(
-                "profile {}{}",
-                t["zone"].as_str().map(|z| format!("{z} ")).unwrap_or_default(),
-                list(&t["free"]).iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ")
-            ),
-            _ => t.to_string(),
-        },
-    };
+    let target_text = target.as_ref().map_or_else(|| "none (not fragmented)".to_string(), target_text);
     FragmentSide {
         label: r.label.clone(),
         target,
@@ -1040,7 +1032,7 @@ mod tests {
         assert_eq!(c.failures_by_order[0].counts, [1, 1]);
         assert_eq!(c.compaction[0].deltas, [Some(3), Some(3)]);
         assert_eq!(c.compaction[1].deltas, [None, None]);
-        assert_eq!(c.fragment[1].target_text, "max free order 4, 1.00 MiB free");
+        assert_eq!(c.fragment[1].target_text, "no free block of order ≥ 4 (64K), 1.00 MiB free below it");
         // Different kernels on one host: no warning, a note.
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(c.notes.iter().any(|n| n.contains("kernel 6.18 vs 6.19")), "{:?}", c.notes);

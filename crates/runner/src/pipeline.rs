@@ -460,8 +460,12 @@ fn verdict(
     }
     let min_order = expect.failed_order.unwrap_or(catch_min_order);
     let wanted = &expect.failed_in;
-    // `foo.isra.0`, `foo.constprop.0`: the compiler's clones of foo are foo.
-    let names = |frame: &str| wanted.iter().any(|w| frame == w || frame.starts_with(&format!("{w}.")));
+    // `foo.isra.0`, `foo.constprop.0`: the compiler's clones of foo are foo (the same
+    // normalisation the by-caller summaries use).
+    let names = |frame: &str| {
+        let name = fraglab_probe::stack::function_name;
+        name(frame).is_some_and(|f| wanted.iter().any(|w| name(w) == Some(f)))
+    };
     let of_order: Vec<_> = failures.iter().filter(|f| f.order >= min_order).collect();
     let caught = of_order.iter().filter(|f| wanted.is_empty() || f.stack.iter().any(|s| names(s))).count();
     let in_what = if wanted.is_empty() { String::new() } else { format!(" in {}", wanted.join("/")) };

@@ -352,10 +352,8 @@ pub fn describe(plan: &RunPlan, mem_available: u64, in_guest: bool) -> String {
         plan.catch_min_order
     );
     for p in &plan.points {
+        // The label already names every swept sysctl (`sysctl.NAME=VALUE`).
         o += &format!("point {}:", p.label);
-        for (k, v) in &p.sysctls {
-            o += &format!(" {k}={v}");
-        }
         o += &format!(
             " {}\n",
             p.workloads.iter().map(|w| w.kind_name.as_str()).collect::<Vec<_>>().join(", ")

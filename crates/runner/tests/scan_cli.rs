@@ -56,12 +56,22 @@ fn failure_report_with_mem_info() {
     assert!(out.contains("order 4 (64K) ×1"), "{out}");
     assert!(out.contains("×1    0x40dc0(GFP_KERNEL|__GFP_COMP|__GFP_ZERO)"), "{out}");
     assert!(out.contains("×1    Xorg"), "{out}");
+    assert!(
+        out.contains(
+            "  by caller (first function outside the allocator ← its caller):\n    order 4 ×1 from \
+             dc_create_state ← amdgpu_dm_atomic_commit_tail, then commit_tail ← drm_atomic_helper_commit \
+             ← drm_atomic_helper_disable_plane ← drm_mode_cursor_universal\n"
+        ),
+        "{out}"
+    );
     assert!(out.contains("Mem-Info free areas: 3"), "{out}");
+    // Σ n·2^(o+1) pages = 95 270 pages = 372.15 MiB: 373MiB builds it unscaled.
     assert!(out.contains(
         "fraglab fragment --profile \"Node 0 Normal: 3277*4kB (UME) 1459*8kB (UME) 2012*16kB (UME) \
          1869*32kB (UMEH) 742*64kB (UMEH) 178*128kB (UMEH) 14*256kB (UM) 0*512kB 0*1024kB 0*2048kB \
-         0*4096kB = 190636kB\""
+         0*4096kB = 190636kB\" --budget 373MiB"
     ));
+    assert!(out.contains("without it the fragmenter shapes the whole machine"), "{out}");
     assert!(out.contains("line 73: Node 0 Normal, 190636 kB free, largest free order 6, after line 1: Xorg order-4 allocation failure"), "{out}");
 
     let j = scan_json(&s, "linux-mm-2019-08-05-xorg-order4.dmesg");
@@ -73,6 +83,10 @@ fn failure_report_with_mem_info() {
     assert_eq!(j["failures"][0]["timestamp"], 3225.313209);
     assert_eq!(j["profiles"].as_array().unwrap().len(), 3);
     assert_eq!(j["profiles"][2]["area"]["free"][3], 1869);
+    assert_eq!(j["profiles"][2]["budget_bytes"], 373u64 << 20);
+    assert_eq!(j["by_caller"][0]["site"]["function"], "dc_create_state");
+    assert_eq!(j["by_caller"][0]["site"]["caller"], "amdgpu_dm_atomic_commit_tail");
+    assert_eq!(j["failures"][0]["event"]["stack"].as_array().unwrap().len(), 42);
     assert_eq!(j["warnings"].as_array().unwrap().len(), 0);
 }
 
@@ -133,8 +147,43 @@ fn every_capture_through_stdin() {
     assert_eq!(j["by_command"]["swapper"], 5);
     assert_eq!(j["by_order"]["1"], 5);
     assert_eq!(j["by_order"]["4"], 2);
-    assert_eq!(j["profiles"].as_array().unwrap().len(), 6);
+    // 6 Mem-Info free areas and the mail's 6 buddyinfo lines.
+    assert_eq!(j["profiles"].as_array().unwrap().len(), 12);
+    let callers: Vec<String> = j["by_caller"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| !g["site"].is_null())
+        .map(|g| format!("{} {}", g["order"], g["site"]["function"].as_str().unwrap()))
+        .collect();
+    assert_eq!(callers, ["0 fdb_create", "4 alloc_empty_pages", "4 dc_create_state"]);
     assert_eq!(j["warnings"].as_array().unwrap().len(), 0, "{}", j["warnings"]);
+}
+
+/// Seed 000: a mail quoting `/proc/buddyinfo` and nothing from the kernel log. Every pasted line
+/// is a target, with the budget that builds it unscaled.
+#[test]
+fn quoted_buddyinfo_lines_are_targets() {
+    let s = Scratch::new("buddyinfo");
+    let path = capture("netdev-2018-08-10-sctp-buddyinfo.mail");
+    let out = s.ok(&["scan", path.to_str().unwrap()]);
+    assert!(out.contains("Mem-Info free areas: 0\nbuddyinfo lines: 6\n"), "{out}");
+    // docs/fragmenter.md: `40773 37 34 29 0 …` needs 82 430 pages, 321.99 MiB.
+    assert!(
+        out.contains(
+            "  line 37: Node 0 Normal (buddyinfo), 41215 pages free, largest free order 3\n    fraglab fragment \
+             --profile \"Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0\" --budget 322MiB\n"
+        ),
+        "{out}"
+    );
+    let j = scan_json(&s, "netdev-2018-08-10-sctp-buddyinfo.mail");
+    let p = &j["profiles"][3];
+    assert_eq!(
+        (p["source"].as_str(), p["zone"].as_str(), p["line"].as_u64()),
+        (Some("buddyinfo"), Some("Normal"), Some(37))
+    );
+    assert_eq!(p["budget_bytes"], 322u64 << 20);
+    assert!(p["area"].is_null());
 }
 
 /// Every profile scan prints is a command the fragmenter takes as it is, quotes and all.
@@ -146,27 +195,35 @@ fn printed_profiles_are_accepted_by_fragment_dry_run() {
         "linux-mm-2019-08-05-xorg-order4.dmesg",
         "linux-mm-2016-08-02-oom.syslog",
         "dcache-3787-swapper-order0.dmesg",
+        "netdev-2018-08-10-sctp-buddyinfo.mail",
     ] {
         let j = scan_json(&s, name);
-        for p in j["profiles"].as_array().unwrap() {
+        // The mail's unfragmented 32 GiB machine needs more than this one has.
+        for p in j["profiles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["budget_bytes"].as_u64().unwrap() <= 1 << 30)
+        {
             let command = p["command"].as_str().unwrap();
             let rest = command.strip_prefix("fraglab ").unwrap();
             let shell = format!("'{FRAGLAB}' --run-dir '{}' {rest} --dry-run", s.0.join("run").display());
             let out = Command::new("sh").arg("-c").arg(&shell).output().unwrap();
             assert!(out.status.success(), "{shell}: {}", String::from_utf8_lossy(&out.stderr));
             let plan = String::from_utf8_lossy(&out.stdout);
-            let zone = p["area"]["zone"].as_str().unwrap();
-            let free: Vec<String> =
-                p["area"]["free"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
+            let zone = p["zone"].as_str().unwrap();
+            let free: Vec<String> = p["free"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
             assert!(
                 plan.contains(&format!("profile of zone {zone}: free blocks per order {}", free.join(" "))),
                 "{plan}"
             );
+            let budget = format!("take:     {}.00 MiB (budget)", p["budget_bytes"].as_u64().unwrap() >> 20);
+            assert!(plan.contains(&budget), "{budget} in {plan}");
             assert!(plan.contains("dry run: nothing taken, nothing changed"), "{plan}");
             n += 1;
         }
     }
-    assert_eq!(n, 6);
+    assert_eq!(n, 10);
 }
 
 #[test]

@@ -1,7 +1,7 @@
-//! `fraglab scan LOGFILE`: read a saved dmesg / syslog / journal export the way the live kmsg
-//! watcher reads `/dev/kmsg`, and turn a bug report into numbers and lab targets: failures by order,
-//! GFP mode and command, OOM kills, and every Mem-Info free-area line as a ready
-//! `fraglab fragment --profile` command.
+//! `fraglab scan LOGFILE`: read a saved dmesg / syslog / journal export (or a mail quoting one)
+//! the way the live kmsg watcher reads `/dev/kmsg`, and turn a bug report into numbers and lab
+//! targets: failures by order, GFP mode, command and call site, OOM kills, and every Mem-Info
+//! free-area line and pasted `/proc/buddyinfo` line as a ready `fraglab fragment --profile` command.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 use fraglab_probe::kmsg::{scan_log, Found, FreeArea, KmsgEvent};
+use fraglab_probe::stack::{group_by_caller, CallerGroup};
 use serde::Serialize;
 
 use crate::units::order_size;
@@ -36,6 +37,9 @@ pub struct ScanReport {
     pub by_order: BTreeMap<u32, usize>,
     pub by_mode: BTreeMap<String, usize>,
     pub by_command: BTreeMap<String, usize>,
+    /// By order and call site (the first function outside the allocator and its caller), from
+    /// each report's `Call Trace:`; most frequent first.
+    pub by_caller: Vec<CallerGroup>,
     pub oom_invoked: Vec<Found>,
     pub oom_killed: Vec<Found>,
     pub oom_no_victim: usize,
@@ -44,16 +48,48 @@ pub struct ScanReport {
     pub warnings: Vec<String>,
 }
 
-/// A Mem-Info free-area line, ready for the fragmenter.
+/// A Mem-Info free-area line or a pasted `/proc/buddyinfo` line, ready for the fragmenter.
 #[derive(Debug, Serialize)]
 pub struct Profile {
     pub line: usize,
     pub timestamp: Option<f64>,
-    pub area: FreeArea,
+    /// `mem_info` or `buddyinfo`: which kind of line it was.
+    pub source: &'static str,
+    pub node: Option<u32>,
+    pub zone: Option<String>,
+    /// Free blocks per order.
+    pub free: Vec<u64>,
+    /// The Mem-Info line as parsed (page size, migrate types, total); `None` for buddyinfo.
+    pub area: Option<FreeArea>,
     /// The report it belongs to: the last failure or OOM line before it, if any.
     pub after: Option<String>,
-    /// `fraglab fragment --profile "…"`.
+    /// The budget that lets the fragmenter build this profile unscaled: the worst case of one
+    /// owned 2^(o+1)-page region per order-o block (`shape::profile_pages`), in 4 KiB pages,
+    /// rounded up to a MiB.
+    pub budget_bytes: u64,
+    /// `fraglab fragment --profile "…" --budget …`.
     pub command: String,
+}
+
+impl Profile {
+    fn new(found: &Found, node: Option<u32>, zone: Option<String>, free: Vec<u64>, line: String) -> Self {
+        const MIB: u64 = 1 << 20;
+        let pages = fraglab_fragmenter::shape::profile_pages(&free);
+        let budget_bytes = (pages * 4096).div_ceil(MIB).max(1) * MIB;
+        let command = format!("fraglab fragment --profile \"{line}\" --budget {}MiB", budget_bytes / MIB);
+        Profile {
+            line: found.line,
+            timestamp: found.timestamp,
+            source: "mem_info",
+            node,
+            zone,
+            free,
+            area: None,
+            after: None,
+            budget_bytes,
+            command,
+        }
+    }
 }
 
 pub fn run(args: ScanArgs) -> Result<ExitCode> {
@@ -89,6 +125,7 @@ pub fn scan(text: &str, name: &str) -> ScanReport {
         by_order: BTreeMap::new(),
         by_mode: BTreeMap::new(),
         by_command: BTreeMap::new(),
+        by_caller: Vec::new(),
         oom_invoked: Vec::new(),
         oom_killed: Vec::new(),
         oom_no_victim: 0,
@@ -116,17 +153,27 @@ pub fn scan(text: &str, name: &str) -> ScanReport {
             KmsgEvent::OomNoVictim => r.oom_no_victim += 1,
             KmsgEvent::FreeArea(area) => {
                 // The line as the kernel prints it; scan_log already joined a wrapped one.
-                let command = format!("fraglab fragment --profile \"{}\"", area.to_line());
-                r.profiles.push(Profile {
-                    line: found.line,
-                    timestamp: found.timestamp,
-                    area: area.clone(),
-                    after: last_report.clone(),
-                    command,
-                });
+                let mut p =
+                    Profile::new(&found, area.node, area.zone.clone(), area.free.clone(), area.to_line());
+                p.area = Some(area.clone());
+                p.after = last_report.clone();
+                r.profiles.push(p);
+            }
+            KmsgEvent::BuddyInfo(z) => {
+                // Normalised spacing: the fragmenter reads the same parse_line either way.
+                let counts: Vec<String> = z.free.iter().map(u64::to_string).collect();
+                let line = format!("{} {}", z.label(), counts.join(" "));
+                let mut p = Profile::new(&found, Some(z.node), Some(z.zone.clone()), z.free.clone(), line);
+                p.source = "buddyinfo";
+                p.after = last_report.clone();
+                r.profiles.push(p);
             }
         }
     }
+    r.by_caller = group_by_caller(r.failures.iter().filter_map(|f| match &f.event {
+        KmsgEvent::AllocFailure(a) => Some((a.order, &a.stack[..])),
+        _ => None,
+    }));
     r
 }
 
@@ -147,6 +194,17 @@ fn human(r: &ScanReport) -> String {
             for (key, n) in v {
                 let _ = writeln!(o, "    ×{n:<4} {key}");
             }
+        }
+        // Function ← caller: the first frame outside the allocator (page allocator, slab, kmalloc,
+        // vmalloc, warn_alloc) in the report's Call Trace.
+        let _ = writeln!(o, "  by caller (first function outside the allocator ← its caller):");
+        for g in &r.by_caller {
+            let what = match &g.site {
+                Some(_) => g.describe(),
+                None if g.no_stack => format!("order {} ×{}, no Call Trace in the log", g.order, g.count),
+                None => g.describe(),
+            };
+            let _ = writeln!(o, "    {what}");
         }
     }
     let _ = writeln!(
@@ -174,22 +232,35 @@ fn human(r: &ScanReport) -> String {
             let _ = writeln!(o, "  line {:>6}  killed {} ({}){rss}{memcg}", k.line, x.pid, x.comm);
         }
     }
-    let _ = writeln!(o, "\nMem-Info free areas: {}", r.profiles.len());
+    let mem_info = r.profiles.iter().filter(|p| p.source == "mem_info").count();
+    let _ = writeln!(o, "\nMem-Info free areas: {mem_info}");
+    let _ = writeln!(o, "buddyinfo lines: {}", r.profiles.len() - mem_info);
     if !r.profiles.is_empty() {
-        let _ = writeln!(o, "  each one a target for the fragmenter (add --dry-run to see the plan first):");
+        let _ = writeln!(
+            o,
+            "  each one a target for the fragmenter (add --dry-run to see the plan first); --budget is\n  \
+             what builds that profile unscaled: without it the fragmenter shapes the whole machine\n  \
+             (best inside `fraglab vm`)"
+        );
     }
     for p in &r.profiles {
         let zone = format!(
             "{}{}",
-            p.area.node.map_or_else(String::new, |n| format!("Node {n} ")),
-            p.area.zone.as_deref().unwrap_or("?")
+            p.node.map_or_else(String::new, |n| format!("Node {n} ")),
+            p.zone.as_deref().unwrap_or("?")
         );
         let largest = p
-            .area
-            .max_free_order()
+            .free
+            .iter()
+            .rposition(|&n| n > 0)
             .map_or_else(|| "nothing free".to_string(), |k| format!("largest free order {k}"));
+        let free = match &p.area {
+            Some(a) => format!("{} kB free", a.free_kb()),
+            None => format!("{} pages free", p.free.iter().enumerate().map(|(o, &n)| n << o).sum::<u64>()),
+        };
+        let what = if p.source == "buddyinfo" { " (buddyinfo)" } else { "" };
         let after = p.after.as_deref().map_or_else(String::new, |a| format!(", after {a}"));
-        let _ = writeln!(o, "  line {}: {zone}, {} kB free, {largest}{after}", p.line, p.area.free_kb());
+        let _ = writeln!(o, "  line {}: {zone}{what}, {free}, {largest}{after}", p.line);
         let _ = writeln!(o, "    {}", p.command);
     }
     if !r.warnings.is_empty() {

@@ -179,7 +179,8 @@ pub fn load(dir: &Path) -> Result<RunData> {
         Vec::new()
     };
     let samples: Vec<Sample> = read_lines(&dir.join("probe.jsonl"), &mut notes)?;
-    let failures: Vec<AllocFailure> = read_lines(&dir.join("alloc_failures.jsonl"), &mut notes)?;
+    let mut failures: Vec<AllocFailure> = read_lines(&dir.join("alloc_failures.jsonl"), &mut notes)?;
+    fraglab_probe::tracefs::fill_unknown_comms(&mut failures);
     let optional = |file: &str, notes: &mut Vec<String>| -> Option<Snapshot> {
         let p = dir.join(file);
         if !p.exists() {

@@ -264,7 +264,7 @@ fn runs_section(runs: &[RunData], letters: &[String]) -> String {
                 o,
                 "<p>{}fragment target <code>{}</code>; free blocks planned per order <code>{}</code>, intact at the end <code>{}</code>.</p>",
                 esc(&prefix),
-                esc(&f["target"].to_string()),
+                esc(&crate::compare::target_text(&f["target"])),
                 esc(&cells(&f["planned"])),
                 esc(&cells(&f["intact"]))
             );
@@ -779,6 +779,25 @@ fn failures(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String {
                 r#"<tr><td>{order}</td><td class="num">{n}</td><td class="num">{first:.2}</td><td>{}</td><td><code>{}</code></td></tr>"#,
                 esc(&who),
                 esc(&gfp)
+            );
+        }
+        o += "</table>";
+        let groups =
+            fraglab_probe::stack::group_by_caller(r.failures.iter().map(|f| (f.order, &f.stack[..])));
+        o += r#"<h3>Failed allocations by caller</h3><p class="help">The first function in each stack that is not the allocator itself (page allocator, slab, kmalloc, vmalloc) and the function that called it; then, for the first failure of the group, the path on towards the system call.</p><table><tr><th>order</th><th class="num">failures</th><th>function ← caller</th><th>then</th></tr>"#;
+        for g in &groups {
+            let site = match &g.site {
+                Some(s) => s.to_string(),
+                None if g.no_stack => "(no stack captured)".into(),
+                None => "(only allocator frames)".into(),
+            };
+            let _ = write!(
+                o,
+                r#"<tr><td>{}</td><td class="num">{}</td><td><code>{}</code></td><td><code>{}</code></td></tr>"#,
+                g.order,
+                g.count,
+                esc(&site),
+                esc(&g.then.join(" ← "))
             );
         }
         o += "</table>";
