@@ -95,12 +95,22 @@ pub fn run(
     run_dir: &std::path::Path,
     stop: Arc<AtomicBool>,
 ) -> Result<(Verdict, ResultsDir)> {
-    // The machine is ours before anything is written: a run refused because another fraglab holds it
-    // leaves no results directory behind.
-    let held = Instance::acquire(run_dir, &format!("fraglab run {}", plan.config_path.display()))?;
+    // Preflight: what the run needs must be here before anything is taken. A run that cannot test
+    // here still leaves its verdict (could not test, 125 for `git bisect run`) without taking the
+    // machine.
+    // The machine is ours before anything else is written: a run refused because another fraglab
+    // holds it leaves no results directory behind.
+    let held = match preflight(plan) {
+        Ok(()) => Ok(Instance::acquire(run_dir, &format!("fraglab run {}", plan.config_path.display()))?),
+        Err(reason) => Err(reason),
+    };
     let results = ResultsDir::create(&plan.output, &plan.name)?;
     let record = RunRecord::new(plan);
     results.write_json("run.json", &record)?;
+    let held = match held {
+        Ok(held) => held,
+        Err(reason) => return finish(results, record, Verdict::CouldNotTest, reason),
+    };
     let dir = results.dir.clone();
     pipeline(plan, run_dir, held, stop, results, record.clone()).map_err(|e| {
         let mut record = record;
@@ -112,8 +122,9 @@ pub fn run(
     })
 }
 
-/// preflight → baseline probe → fragment to target → verify → monitors → workloads × sweep ×
-/// iterations → stop monitors → release → restore sysctls → final probe → verdict.
+/// (preflight and the instance lock, in [`run`]) → baseline probe → fragment to target → verify →
+/// monitors → workloads × sweep × iterations → stop monitors → release → restore sysctls → final
+/// probe → verdict.
 fn pipeline(
     plan: &RunPlan,
     run_dir: &std::path::Path,
@@ -124,10 +135,6 @@ fn pipeline(
 ) -> Result<(Verdict, ResultsDir)> {
     let mut phases = Phases::new();
 
-    // Preflight: what the run needs must be here before anything is taken.
-    if let Err(reason) = preflight(plan) {
-        return finish(results, record, Verdict::CouldNotTest, reason);
-    }
     // If this process is killed, the next fraglab marks these results as cut short.
     instance.set_results(&results.dir)?;
     record.sysctls_restored.extend(restored.iter().map(|r| format!("{r} (left by a dead fraglab)")));
