@@ -95,7 +95,7 @@ pub fn summary(r: &WorkloadResult) -> String {
         );
     }
     for (k, v) in &r.details {
-        o += &format!("  {k:<9} {v}\n");
+        o += &format!("  {k:<9} {}\n", plain(v));
     }
     for n in &r.notes {
         o += &format!("  note: {n}\n");
@@ -105,4 +105,16 @@ pub fn summary(r: &WorkloadResult) -> String {
         r.rusage.user_s, r.rusage.sys_s, r.rusage.maxrss_kb
     );
     o
+}
+
+/// A detail value as a person reads it: strings unquoted, lists joined, objects as `key value`
+/// pairs (`name fs.pipe-max-size, original 1048576, set_to 16777216`); the JSON keeps the structure.
+fn plain(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a.iter().map(plain).collect::<Vec<_>>().join("; "),
+        Value::Object(m) => m.iter().map(|(k, v)| format!("{k} {}", plain(v))).collect::<Vec<_>>().join(", "),
+        other => other.to_string(),
+    }
 }
