@@ -538,7 +538,7 @@ pub struct FragmentSide {
     pub label: String,
     /// None for a baseline run with no [fragment].
     pub target: Option<Value>,
-    /// `max free order 4, 480.00 MiB free`, `profile Normal 40773 37 34 ...`, `none (not fragmented)`.
+    /// `no free block of order ≥ 4 (64K), 480.00 MiB free below it`, `profile of zone Normal: …`, `none (not fragmented)`.
     pub target_text: String,
     pub budget: Option<u64>,
     pub held_bytes: Option<u64>,

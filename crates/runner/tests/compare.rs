@@ -163,7 +163,7 @@ fn compares_two_real_quickstart_runs_in_text_markdown_and_json() {
         assert_eq!(f["planned"], run["fragment"]["planned"]);
         assert_eq!(f["intact"], run["fragment"]["intact"]);
         assert_eq!(f["target"]["kind"], "max_free_order");
-        assert!(f["target_text"].as_str().unwrap().starts_with("max free order 4"), "{f}");
+        assert!(f["target_text"].as_str().unwrap().starts_with("no free block of order ≥ 4 (64K)"), "{f}");
     }
     let counters: Vec<&str> =
         c["compaction"].as_array().unwrap().iter().map(|r| r["counter"].as_str().unwrap()).collect();
