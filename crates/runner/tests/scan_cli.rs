@@ -251,3 +251,22 @@ fn errors_and_warnings_name_the_file() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("2 line(s) could not be read"));
 }
+
+/// `fraglab scan LOG | head`: when the reader has gone, scan (like probe, compare and status) dies
+/// of SIGPIPE as cat does, instead of panicking with "failed printing to stdout". The pipe's read
+/// end is closed before scan starts, so its first write meets no reader.
+#[test]
+fn a_reader_gone_ends_scan_quietly_as_cat() {
+    use std::os::unix::process::ExitStatusExt;
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let out = Command::new(FRAGLAB)
+        .args(["scan", capture("host-6.18-dmesg.txt").to_str().unwrap()])
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
