@@ -150,9 +150,7 @@ fn deltas(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) -> BTre
 
 impl RunData {
     pub fn load(dir: &Path, label: &str) -> Result<RunData> {
-        if !dir.join("run.json").exists() {
-            bail!("{} is not a fraglab results directory (it has no run.json)", dir.display());
-        }
+        crate::results::require_results_dir(dir)?;
         let run = read_json(&dir.join("run.json"))?;
         let workloads = if dir.join("workloads.json").exists() {
             match read_json(&dir.join("workloads.json"))? {

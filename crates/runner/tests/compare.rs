@@ -326,7 +326,16 @@ fn bad_input_exits_255_with_the_reason() {
     std::fs::create_dir_all(&empty).unwrap();
     let (code, _, stderr) = compare(&[a_str, empty.to_str().unwrap()]);
     assert_eq!(code, Some(255));
-    assert!(stderr.contains("not a fraglab results directory (it has no run.json)"), "{stderr}");
+    assert!(stderr.contains("not a fraglab results directory: it has no run.json"), "{stderr}");
+    let missing = empty.join("nope");
+    let (code, _, stderr) = compare(&[a_str, missing.to_str().unwrap()]);
+    assert_eq!(code, Some(255));
+    assert!(stderr.contains(&format!("{}: no such directory", missing.display())), "{stderr}");
+    // The parent of results directories: the ones inside are named.
+    let parent = a.parent().unwrap();
+    let (code, _, stderr) = compare(&[a_str, parent.to_str().unwrap()]);
+    assert_eq!(code, Some(255));
+    assert!(stderr.contains("pass one of them") && stderr.contains(a_str), "{stderr}");
     let (code, _, stderr) = compare(&[a_str, a_str, "--labels", "one"]);
     assert_eq!(code, Some(255));
     assert!(stderr.contains("--labels gives 1 names for 2 directories"), "{stderr}");

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use fraglab_probe::snapshot::{Sample, Snapshot};
 use fraglab_probe::tracefs::AllocFailure;
 use fraglab_probe::vmstat::VmCounters;
@@ -146,31 +146,8 @@ fn read_lines<T: serde::de::DeserializeOwned>(path: &Path, notes: &mut Vec<Strin
 
 /// Read a results directory.
 pub fn load(dir: &Path) -> Result<RunData> {
+    crate::results::require_results_dir(dir)?;
     let run_json = dir.join("run.json");
-    if !run_json.exists() {
-        if !dir.is_dir() {
-            bail!("{}: no such directory", dir.display());
-        }
-        // A parent of results directories: name the ones inside.
-        let mut inside: Vec<String> = std::fs::read_dir(dir)
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter(|e| e.path().join("run.json").exists())
-                    .map(|e| e.path().display().to_string())
-                    .collect()
-            })
-            .unwrap_or_default();
-        inside.sort();
-        if inside.is_empty() {
-            bail!("{} is not a fraglab results directory: it has no run.json", dir.display());
-        }
-        bail!(
-            "{} is not a fraglab results directory but holds {}; pass one of them:\n  {}",
-            dir.display(),
-            inside.len(),
-            inside.join("\n  ")
-        );
-    }
     let info: RunInfo = read_json(&run_json)?;
     let mut notes = Vec::new();
     let workloads: Vec<WorkloadRow> = if dir.join("workloads.json").exists() {
