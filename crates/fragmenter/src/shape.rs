@@ -125,14 +125,19 @@ pub fn max_free_order(pfns: &[u64], k: usize, free_pages: u64, nr_orders: usize)
     }
     let at = block_list(&freed);
     let surplus = surplus(pfns, &regions.touched, &index);
-    Cut {
-        runs: to_runs(&freed, &index),
-        blocks,
-        at,
-        missing_blocks: vec![0; nr_orders],
-        missing_pages: left,
-        surplus,
+    // What was not freed, as the blocks it would have been: one of each order below k per region
+    // that was not found, then the remainder as the loop above would have cut it.
+    let mut missing_blocks = vec![0u64; nr_orders];
+    let per_region = (1u64 << k) - 1;
+    let mut rest = left % per_region;
+    for (o, m) in missing_blocks.iter_mut().enumerate().take(k).rev() {
+        *m = left / per_region;
+        if 1u64 << o <= rest {
+            *m += 1;
+            rest -= 1 << o;
+        }
     }
+    Cut { runs: to_runs(&freed, &index), blocks, at, missing_blocks, missing_pages: left, surplus }
 }
 
 /// Reproduce `target[o]` free blocks of each order `o` in our memory.
@@ -301,6 +306,10 @@ mod tests {
             prop_assert_eq!(&blocks, &cut.blocks);
             prop_assert!(blocks[k..].iter().all(|&n| n == 0), "{:?}", blocks);
             prop_assert_eq!(cut.freed_pages() + cut.missing_pages, want);
+            // The per-order shortfall adds up to the pages not freed, all below k.
+            let short: u64 = cut.missing_blocks.iter().enumerate().map(|(o, &n)| n << o).sum();
+            prop_assert_eq!(short, cut.missing_pages);
+            prop_assert!(cut.missing_blocks[k..].iter().all(|&n| n == 0));
             // Surplus never overlaps the cut, and giving it back cannot merge into a freed block:
             // each touched region keeps a page.
             let surplus: BTreeSet<usize> = cut.surplus.iter().flat_map(|&(s, e)| s..e).collect();
