@@ -37,28 +37,30 @@ fn compare(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// One real `fraglab run configs/quickstart.toml [extra]` into `out`, which must end not reproduced;
+/// the results directory it made.
+fn quickstart(out: &Path, extra: &[&str]) -> PathBuf {
+    assert!(nix::unistd::Uid::effective().is_root(), "fraglab run needs root");
+    let before: Vec<PathBuf> = list(out);
+    let r = fraglab(&[&["run", "configs/quickstart.toml", "-o", out.to_str().unwrap()], extra].concat());
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&r.stdout),
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let new: Vec<PathBuf> = list(out).into_iter().filter(|d| !before.contains(d)).collect();
+    assert_eq!(new.len(), 1, "{new:?}");
+    new[0].clone()
+}
+
 /// Two real quickstart runs (about 20 s each), made once for every test in this file.
 fn two_runs() -> &'static (PathBuf, PathBuf) {
     static RUNS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     RUNS.get_or_init(|| {
-        assert!(nix::unistd::Uid::effective().is_root(), "fraglab run needs root");
         let out = scratch("results");
-        let mut dirs = Vec::new();
-        for _ in 0..2 {
-            let before: Vec<PathBuf> = list(&out);
-            let r = fraglab(&["run", "configs/quickstart.toml", "-o", out.to_str().unwrap()]);
-            assert_eq!(
-                r.status.code(),
-                Some(0),
-                "stdout: {}\nstderr: {}",
-                String::from_utf8_lossy(&r.stdout),
-                String::from_utf8_lossy(&r.stderr)
-            );
-            let new: Vec<PathBuf> = list(&out).into_iter().filter(|d| !before.contains(d)).collect();
-            assert_eq!(new.len(), 1, "{new:?}");
-            dirs.push(new[0].clone());
-        }
-        (dirs[0].clone(), dirs[1].clone())
+        (quickstart(&out, &[]), quickstart(&out, &[]))
     })
 }
 
@@ -66,21 +68,7 @@ fn two_runs() -> &'static (PathBuf, PathBuf) {
 /// run.json's fragment is null.
 fn baseline_run() -> &'static PathBuf {
     static RUN: OnceLock<PathBuf> = OnceLock::new();
-    RUN.get_or_init(|| {
-        assert!(nix::unistd::Uid::effective().is_root(), "fraglab run needs root");
-        let out = scratch("baseline");
-        let r = fraglab(&["run", "configs/quickstart.toml", "--baseline", "-o", out.to_str().unwrap()]);
-        assert_eq!(
-            r.status.code(),
-            Some(0),
-            "stdout: {}\nstderr: {}",
-            String::from_utf8_lossy(&r.stdout),
-            String::from_utf8_lossy(&r.stderr)
-        );
-        let dirs = list(&out);
-        assert_eq!(dirs.len(), 1, "{dirs:?}");
-        dirs[0].clone()
-    })
+    RUN.get_or_init(|| quickstart(&scratch("baseline"), &["--baseline"]))
 }
 
 fn list(dir: &Path) -> Vec<PathBuf> {
