@@ -170,21 +170,24 @@ impl Fragmenter {
         if plan.pin == Pin::Mlock {
             arena.lock()?;
         }
-        // A budget is the memory to shape into whole aligned regions. Pages handed out on an
-        // already fragmented machine come from its small free blocks first and are mostly not in
-        // whole regions, so a budgeted fragmenter takes more (up to 4× the budget, never the
-        // reserve) until enough of what it holds is usable, and gives the rest back after the cut.
-        let total = match plan.budget {
-            Some(b) => b,
-            None => mem_available()?.saturating_sub(plan.reserve),
-        };
-        let cap = plan.budget.map_or(total, |b| b.saturating_mul(4));
         let region_order = match &plan.target {
             Target::MaxFreeOrder { order, .. } => *order,
             Target::Profile { free, .. } => {
                 free.iter().rposition(|&n| n > 0).map_or(0, |o| (o + 1).min(plan.nr_orders - 1))
             }
         };
+        // A budget is the memory to shape into whole aligned regions. The buddy allocator hands
+        // out the smallest free blocks first (__rmqueue_smallest), so on an already fragmented
+        // machine whole regions start to come only once the free blocks below the region order
+        // are used up: a budgeted fragmenter takes more — up to 4× the budget, or the budget
+        // plus those small blocks when they are more, never the reserve — until enough of what
+        // it holds is usable, and gives the rest back after the cut.
+        let total = match plan.budget {
+            Some(b) => b,
+            None => mem_available()?.saturating_sub(plan.reserve),
+        };
+        let small_free = small_free_bytes(&BuddyInfo::read()?, region_order);
+        let cap = plan.budget.map_or(total, |b| b.saturating_mul(4).max(b.saturating_add(small_free)));
         let mut next_look = total;
         loop {
             if arena.bytes() >= total && (plan.budget.is_none() || arena.bytes() >= cap) {
@@ -197,8 +200,9 @@ impl Fragmenter {
                     break;
                 }
                 // A look reads pagemap and sorts every page held (0.2 s a GiB): look again after
-                // another quarter budget, not after every chunk.
-                next_look = arena.bytes() + (total / 4).max(CHUNK);
+                // another quarter of the budget or of what is held, whichever is more, not after
+                // every chunk.
+                next_look = arena.bytes() + (total / 4).max(arena.bytes() / 4).max(CHUNK);
             }
             let step = CHUNK.min(cap - arena.bytes());
             if mem_available()? < plan.reserve + step {
@@ -471,4 +475,15 @@ pub fn check_order(order: usize, nr_orders: usize) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Free memory in blocks below `order` outside the DMA zone (where the fragmenter's pages never
+/// come from): what the kernel hands out before any whole aligned region of that order.
+fn small_free_bytes(b: &BuddyInfo, order: usize) -> u64 {
+    b.zones
+        .iter()
+        .filter(|z| z.zone != "DMA")
+        .flat_map(|z| z.free.iter().take(order).enumerate().map(|(o, &n)| n << o))
+        .sum::<u64>()
+        * PAGE_SIZE as u64
 }

@@ -71,7 +71,9 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
     let take = match (plan.budget, &plan.target) {
         (Some(b), _) => format!(
             "{} (budget); where free memory is already in small blocks, up to {} to find whole aligned \
-             regions, the surplus given back after the cut; the rest of the machine keeps its free blocks",
+             regions — or the budget plus all free memory in blocks below the region order, when that is \
+             more (the kernel hands those out first) — the surplus given back after the cut; the rest \
+             of the machine keeps its free blocks",
             format_size(b),
             format_size(b.saturating_mul(4))
         ),
