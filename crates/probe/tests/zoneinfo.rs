@@ -15,6 +15,8 @@ use proptest::prelude::*;
 const EARLY: &str = include_str!("captures/host-6.18/zoneinfo");
 const GROWN: &str = include_str!("captures/host-6.18/zoneinfo-grown");
 const GROWN_BUDDY: &str = include_str!("captures/host-6.18/buddyinfo-grown");
+const GUEST_61: &str = include_str!("captures/guest-6.1/zoneinfo");
+const GUEST_61_BUDDY: &str = include_str!("captures/guest-6.1/buddyinfo");
 /// `Page block order: 9` in the pagetypeinfo capture of the same VM.
 const PAGEBLOCK_ORDER: usize = 9;
 
@@ -121,6 +123,46 @@ fn grown_capture_recomputed_watermarks_and_reserves() {
     assert_eq!(early.zone(0, "DMA32").unwrap().min, 11483);
     assert_eq!(grown.zone(0, "DMA32").unwrap().min, 2115);
     assert_eq!(n.pcp_pages(), 20027 + 62194);
+}
+
+/// Debian's 6.1 cloud kernel in a 1 GiB `fraglab vm` guest, the kernel the whole-machine tests run
+/// on: an older format (no promo watermark, no nr_free_pages_blocks, no high_min/high_max), no
+/// Normal zone, and its free count exactly the buddy free lists' (read back to back at rest).
+#[test]
+fn guest_61_capture() {
+    let zi = parse(GUEST_61, "guest-6.1/zoneinfo");
+    check_invariants(&zi);
+    let names: Vec<_> = zi.zones.iter().map(|z| z.zone.as_str()).collect();
+    assert_eq!(names, ["DMA", "DMA32", "Normal", "Movable", "Device"]);
+    let d32 = zi.zone(0, "DMA32").unwrap();
+    assert_eq!(
+        (d32.nr_free_pages, d32.min, d32.low, d32.high, d32.promo, d32.boost),
+        (230819, 11086, 13857, 16628, None, Some(0))
+    );
+    assert_eq!((d32.spanned, d32.present, d32.managed), (258016, 258016, 245255));
+    assert_eq!(d32.nr_free_pages_blocks, None);
+    assert_eq!(
+        d32.pagesets[1],
+        Pageset {
+            cpu: 1,
+            count: 2816,
+            high: 6928,
+            batch: 63,
+            high_min: None,
+            high_max: None,
+            stat_threshold: Some(16)
+        }
+    );
+    assert_eq!(d32.pcp_pages(), 2541 + 2816);
+    assert_eq!((d32.node_unreclaimable, d32.start_pfn), (Some(false), Some(4096)));
+    // The DMA zone's reserve against allocations that could use DMA32 (the `lowmem_reserve_ratio`
+    // entry fraglab's whole-machine mode sets to 1 to take DMA out of play).
+    assert_eq!(zi.zone(0, "DMA").unwrap().protection, [0, 938, 938, 938, 938]);
+    assert!(!zi.zone(0, "Normal").unwrap().populated());
+    let b = BuddyInfo::parse(GUEST_61_BUDDY, "guest-6.1/buddyinfo").unwrap();
+    for zone in ["DMA", "DMA32"] {
+        assert_eq!(zi.zone(0, zone).unwrap().nr_free_pages, b.zone(0, zone).unwrap().free_pages(), "{zone}");
+    }
 }
 
 /// zoneinfo against the buddyinfo read just before it (the grown pair: buddyinfo read before and
