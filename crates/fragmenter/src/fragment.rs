@@ -121,6 +121,11 @@ pub fn mem_available() -> Result<u64> {
     m.mem_available.context("/proc/meminfo has no MemAvailable (kernel older than 3.14)")
 }
 
+/// MemFree: free pages, page cache not counted.
+pub fn mem_free() -> Result<u64> {
+    Ok(procfs::Meminfo::current().context("cannot read /proc/meminfo")?.mem_free)
+}
+
 /// The default reserve for this machine: never below a few times the kernel's own min watermark.
 pub fn default_reserve() -> Result<u64> {
     let min_free = crate::sysctl::read("vm.min_free_kbytes")?.parse::<u64>().unwrap_or(0) * 1024;
@@ -207,6 +212,11 @@ impl Fragmenter {
             let step = CHUNK.min(cap - arena.bytes());
             if mem_available()? < plan.reserve + step {
                 break; // the reserve is not ours to take; shape what we have
+            }
+            // Past the budget, memory is taken only to find whole regions: from free memory, never
+            // by making the kernel reclaim other processes' page cache for it.
+            if plan.budget.is_some() && arena.bytes() >= total && mem_free()? < plan.reserve + step {
+                break;
             }
             arena.populate(step as usize)?;
             progress(Progress::Populating { done: arena.bytes().min(total), total });
