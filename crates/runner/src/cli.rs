@@ -32,8 +32,8 @@ pub enum Command {
     /// Run a scenario from a config: fragment, run workloads, catch failures, restore, give a
     /// verdict (exit 0 not reproduced, 1 reproduced, 125 could not test).
     Run(RunArgs),
-    /// Show the kernel's memory state: free blocks per order, the `free` table, fragmentation indices,
-    /// compaction counters.
+    /// Show the kernel's memory state: free blocks per order, the `free` table, zone watermarks,
+    /// fragmentation indices, compaction counters.
     Probe(ProbeArgs),
     /// Shape free memory into a target buddyinfo profile and hold it.
     Fragment(FragmentArgs),
@@ -48,8 +48,9 @@ pub enum Command {
     Serve(crate::workload::tcp::ServeCommand),
     /// Boot a kernel under test in qemu and run a fraglab command inside it.
     Vm(crate::vm::VmArgs),
-    /// Read a saved dmesg / syslog / journal: allocation failures by order, mode and command, OOM
-    /// kills, and each Mem-Info free-area line as a ready `fraglab fragment --profile` target.
+    /// Read a saved dmesg / syslog / journal: allocation failures by order, mode, command and call
+    /// site, OOM kills, and each Mem-Info free-area or buddyinfo line as a ready `fraglab fragment
+    /// --profile` target.
     Scan(crate::commands::scan::ScanArgs),
     /// One self-contained HTML report of a run (or several, A/B): buddyinfo heatmap with the phases,
     /// free/available memory, compaction counters, throughput and latency against the sweep,
