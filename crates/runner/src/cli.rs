@@ -41,7 +41,8 @@ pub enum Command {
     Status(StatusArgs),
     /// Make a holding fragmenter give its memory back and restore every sysctl.
     Release,
-    /// Run one workload and report throughput, latency, CPU and failures by errno.
+    /// Run one workload and report throughput, latency, CPU and failures by errno (exit 0 all
+    /// succeeded, 1 some failed, 125 not on this kernel).
     Workload(WorkloadArgs),
     /// Serve the TCP or SCTP (`--proto sctp`) workloads' server side for a client on another host
     /// (`--peer`).
