@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use fraglab_probe::buddyinfo::BuddyInfo;
+use fraglab_probe::pagetypeinfo::PageTypeInfo;
 use procfs::Current;
 use serde::{Deserialize, Serialize};
 
@@ -183,7 +184,7 @@ impl Fragmenter {
         };
         // A budget is the memory to shape into whole aligned regions. The buddy allocator hands
         // out the smallest free blocks first (__rmqueue_smallest), so on an already fragmented
-        // machine whole regions start to come only once the free blocks below the region order
+        // machine whole regions start to come only once the free Movable blocks below the region order
         // are used up: a budgeted fragmenter takes more — up to 4× the budget, or the budget
         // plus those small blocks when they are more, never the reserve — until enough of what
         // it holds is usable, and gives the rest back after the cut.
@@ -191,7 +192,7 @@ impl Fragmenter {
             Some(b) => b,
             None => mem_available()?.saturating_sub(plan.reserve),
         };
-        let small_free = small_free_bytes(&BuddyInfo::read()?, region_order);
+        let small_free = small_movable_free_bytes(&PageTypeInfo::read()?, region_order);
         let cap = plan.budget.map_or(total, |b| b.saturating_mul(4).max(b.saturating_add(small_free)));
         let mut next_look = total;
         loop {
@@ -487,13 +488,15 @@ pub fn check_order(order: usize, nr_orders: usize) -> Result<()> {
     Ok(())
 }
 
-/// Free memory in blocks below `order` outside the DMA zone (where the fragmenter's pages never
-/// come from): what the kernel hands out before any whole aligned region of that order.
-fn small_free_bytes(b: &BuddyInfo, order: usize) -> u64 {
-    b.zones
+/// Free memory in Movable blocks below `order` outside the DMA zone: what the kernel hands the
+/// fragmenter's (movable) page faults before any whole aligned region of that order, since it takes
+/// the smallest free block of the asked migratetype first and falls back to other types only when
+/// none is left. pagetypeinfo prints at most 100000 blocks a list, so this can undercount.
+fn small_movable_free_bytes(p: &PageTypeInfo, order: usize) -> u64 {
+    p.free
         .iter()
-        .filter(|z| z.zone != "DMA")
-        .flat_map(|z| z.free.iter().take(order).enumerate().map(|(o, &n)| n << o))
+        .filter(|m| m.migratetype == "Movable" && m.zone != "DMA")
+        .flat_map(|m| m.free.iter().take(order).enumerate().map(|(o, &n)| n << o))
         .sum::<u64>()
         * PAGE_SIZE as u64
 }

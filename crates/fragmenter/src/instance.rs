@@ -64,6 +64,11 @@ impl Holder {
         self.run_dir.clone().unwrap_or_else(|| PathBuf::from(RUN_DIR))
     }
 
+    /// Only a moment's holder: a fraglab replaying a dead one's journal, gone within moments.
+    pub fn is_recovery(&self) -> bool {
+        self.command == RECOVER
+    }
+
     /// Still the holder: its record is in the lock file and its process lives. For waiting on a holder
     /// without taking the lock, which would make a concurrent fraglab refuse.
     pub fn still_holding(&self) -> bool {

@@ -197,7 +197,7 @@ pub fn scale_profile(target: &[u64], pages: u64) -> (Vec<u64>, f64) {
 
 /// Pages needed to hold `target` at worst: an owned 2^(o+1) region for every order-`o` block.
 pub fn profile_pages(target: &[u64]) -> u64 {
-    target.iter().enumerate().map(|(o, &n)| n << (o + 1)).sum()
+    target.iter().enumerate().map(|(o, &n)| n.saturating_mul(2 << o)).fold(0, u64::saturating_add)
 }
 
 /// `pfns[i]` is the PFN of arena page `i` (0 = not present): the owned PFNs sorted, and PFN → index.

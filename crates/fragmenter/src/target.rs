@@ -24,6 +24,28 @@ pub enum Target {
 /// - a kernel Mem-Info free-area line, as printed with a page allocation failure:
 ///   `Normal: 512*4kB (UME) 97*8kB (UM) 12*16kB (M) 0*32kB ... = 3016kB`.
 pub fn parse_profile(text: &str) -> Result<(Option<String>, Vec<u64>), String> {
+    let (zone, free) = parse_profile_counts(text)?;
+    plausible(&free)?;
+    Ok((zone, free))
+}
+
+/// Counts no machine has (they would overflow the page arithmetic) are a bad paste, not a target.
+pub fn plausible(free: &[u64]) -> Result<(), String> {
+    let pages = free
+        .iter()
+        .enumerate()
+        .try_fold(0u64, |sum, (o, &n)| n.checked_mul(2 << o).and_then(|p| sum.checked_add(p)));
+    if pages.is_none_or(|p| p > 1 << 40) {
+        return Err(format!(
+            "{} free blocks per order is more memory than any machine has (the blocks and the buddies \
+             kept beside them come to over 4 PiB); check the pasted line",
+            free.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
+        ));
+    }
+    Ok(())
+}
+
+fn parse_profile_counts(text: &str) -> Result<(Option<String>, Vec<u64>), String> {
     let text = text.trim();
     if text.contains("kB") && text.contains('*') {
         return parse_meminfo_line(text);
@@ -61,6 +83,16 @@ fn parse_meminfo_line(text: &str) -> Result<(Option<String>, Vec<u64>), String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_no_machine_has_are_refused_not_overflowed() {
+        let e = parse_profile("Node 0, zone Normal 0 0 0 0 0 0 0 0 0 0 9223372036854775807").unwrap_err();
+        assert!(e.contains("more memory than any machine has"), "{e}");
+        assert!(parse_profile("18446744073709551615 18446744073709551615 1").is_err());
+        // Seed 000's fragmented profile, and a whole 24 GiB of order-10 blocks, are fine.
+        assert!(parse_profile("Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0").is_ok());
+        assert!(plausible(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6144]).is_ok());
+    }
 
     #[test]
     fn seed_buddyinfo_line() {

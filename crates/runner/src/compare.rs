@@ -686,9 +686,13 @@ type Tally = (u64, u64);
 fn failure_difference(base: (&str, Tally), other: (&str, Tally)) -> Option<String> {
     let ((la, (oka, fa)), (lb, (okb, fb))) = (base, other);
     let (ta, tb) = (oka + fa, okb + fb);
-    // fa/ta ≠ fb/tb, in integers.
-    (u128::from(fa) * u128::from(tb) != u128::from(fb) * u128::from(ta))
-        .then(|| format!("{la}: {fa} of {ta} failed, {lb}: {fb} of {tb} failed"))
+    // fa/ta ≠ fb/tb, in integers; a side that made no call at all differs from one that did.
+    let differs = if ta == 0 || tb == 0 {
+        ta != tb
+    } else {
+        u128::from(fa) * u128::from(tb) != u128::from(fb) * u128::from(ta)
+    };
+    differs.then(|| format!("{la}: {fa} of {ta} failed, {lb}: {fb} of {tb} failed"))
 }
 
 /// Check the runs measure the same thing, then compare every run against the first.
@@ -867,6 +871,19 @@ mod tests {
     /// df = 0.4280744² / (0.1890181²/2 + 0.2390563²/2) = 0.1832477 / 0.0464382 = 3.94608.
     /// scipy: t = −0.012736764037111846, p = 0.9904556728256093, df = 3.9460823097584568;
     /// half-widths 1.8706304725071614 and 2.103712668463302 (t(0.975, 2) = 4.302652729749462).
+    #[test]
+    fn failure_difference_counts_shares_and_empty_sides() {
+        assert_eq!(failure_difference(("A", (30, 0)), ("B", (60, 0))), None);
+        assert_eq!(failure_difference(("A", (5, 5)), ("B", (10, 10))), None);
+        assert_eq!(
+            failure_difference(("A", (30, 0)), ("B", (0, 30))).as_deref(),
+            Some("A: 0 of 30 failed, B: 30 of 30 failed")
+        );
+        // A side that made no call cannot share the other's failure rate.
+        assert!(failure_difference(("A", (0, 0)), ("B", (5, 5))).is_some());
+        assert_eq!(failure_difference(("A", (0, 0)), ("B", (0, 0))), None);
+    }
+
     #[test]
     fn welch_seed_000_timings() {
         let a = Stats::of(&[14.715, 14.593, 15.954]);

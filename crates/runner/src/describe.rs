@@ -55,7 +55,7 @@ pub fn counts(free: &[u64]) -> String {
 
 /// Bytes free in a profile's blocks.
 pub fn profile_free_bytes(free: &[u64]) -> u64 {
-    free.iter().enumerate().map(|(o, &n)| (n << o) * PAGE).sum()
+    free.iter().enumerate().map(|(o, &n)| n.saturating_mul(PAGE << o)).fold(0, u64::saturating_add)
 }
 
 /// MemAvailable − reserve: what a whole-machine fragmenter takes, as of `mem_available`.
@@ -71,7 +71,7 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
     let take = match (plan.budget, &plan.target) {
         (Some(b), _) => format!(
             "{} (budget); where free memory is already in small blocks, up to {} to find whole aligned \
-             regions — or the budget plus all free memory in blocks below the region order, when that is \
+             regions — or the budget plus the free Movable blocks below the region order, when that is \
              more (the kernel hands those out first) — the surplus given back after the cut; the rest \
              of the machine keeps its free blocks",
             format_size(b),

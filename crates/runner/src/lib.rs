@@ -25,13 +25,10 @@ pub const EXIT_UNSUPPORTED: u8 = 125;
 
 pub fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    // Commands that only read and print die quietly when their reader goes away (`fraglab scan LOG |
+    // Commands that only read files and print die quietly when their reader goes away (`fraglab scan LOG |
     // head`), as cat does; Rust ignores SIGPIPE and would panic on the write instead. Not for the
     // ones that hold memory, change sysctls or use sockets: they must get EPIPE and clean up.
-    if matches!(
-        cli.command,
-        cli::Command::Probe(_) | cli::Command::Scan(_) | cli::Command::Compare(_) | cli::Command::Status(_)
-    ) {
+    if matches!(cli.command, cli::Command::Probe(_) | cli::Command::Scan(_) | cli::Command::Compare(_)) {
         // SAFETY: restoring a signal's default disposition before any thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }

@@ -187,14 +187,14 @@ pub fn release(run_dir: &Path) -> Result<ExitCode> {
     if UnixStream::connect(&socket).is_err() {
         // Nothing held here is what a cleanup trap wants to hear (exit 0), unless another fraglab
         // does hold the machine: then this release did not do what the caller meant.
-        if let Some(h) = holder.as_ref().filter(|h| h.still_holding()) {
+        if let Some(h) = holder.as_ref().filter(|h| !h.is_recovery() && h.still_holding()) {
             // A fragmenter answers on its control socket; a `fraglab run` holds until it ends.
             let how =
                 match h.run_dir.as_ref().filter(|d| UnixStream::connect(d.join(control::SOCKET)).is_ok()) {
                     Some(dir) => format!("release it with: fraglab --run-dir {} release", dir.display()),
                     None => format!("it gives everything back when it ends, or on: kill -INT {}", h.pid),
                 };
-            bail!("no fraglab holds memory in {}, but {h} holds the machine; {how}", run_dir.display());
+            bail!("no fragmenter to release in {}: {h} holds the machine; {how}", run_dir.display());
         }
         eprintln!("nothing to release: no fraglab is holding memory");
         return Ok(ExitCode::SUCCESS);

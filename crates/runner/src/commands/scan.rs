@@ -75,7 +75,7 @@ impl Profile {
     fn new(found: &Found, node: Option<u32>, zone: Option<String>, free: Vec<u64>, line: String) -> Self {
         const MIB: u64 = 1 << 20;
         let pages = fraglab_fragmenter::shape::profile_pages(&free);
-        let budget_bytes = (pages * 4096).div_ceil(MIB).max(1) * MIB;
+        let budget_bytes = pages.saturating_mul(4096).div_ceil(MIB).max(1).saturating_mul(MIB);
         let command = format!("fraglab fragment --profile \"{line}\" --budget {}MiB", budget_bytes / MIB);
         Profile {
             line: found.line,
@@ -134,6 +134,16 @@ pub fn scan(text: &str, name: &str) -> ScanReport {
     };
     let mut last_report: Option<String> = None;
     for found in s.events {
+        // A free-area or buddyinfo line with counts no machine has is reported, not offered.
+        let counts = match &found.event {
+            KmsgEvent::FreeArea(a) => Some(&a.free),
+            KmsgEvent::BuddyInfo(z) => Some(&z.free),
+            _ => None,
+        };
+        if let Some(Err(e)) = counts.map(|c| fraglab_fragmenter::target::plausible(c)) {
+            r.warnings.push(format!("{name}:{}: {e}", found.line));
+            continue;
+        }
         match &found.event {
             KmsgEvent::AllocFailure(f) => {
                 *r.by_order.entry(f.order).or_default() += 1;
