@@ -100,7 +100,7 @@ pub fn run(
     // machine.
     // The machine is ours before anything else is written: a run refused because another fraglab
     // holds it leaves no results directory behind.
-    let held = match preflight(plan) {
+    let held = match preflight(plan, Check::Use) {
         Ok(()) => Ok(Instance::acquire(run_dir, &format!("fraglab run {}", plan.config_path.display()))?),
         Err(reason) => Err(reason),
     };
@@ -340,23 +340,46 @@ fn monotonic_ns() -> u64 {
     t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
 }
 
+/// How [`preflight`] may look: a run uses what it checks, a dry run must change nothing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Open an SCTP socket, which makes the kernel load the sctp module if it has one.
+    Use,
+    /// Read /proc/net/protocols and the module lists instead: nothing loaded.
+    Look,
+}
+
 /// What the run needs of this machine; the reason it cannot test otherwise.
-pub fn preflight(plan: &RunPlan) -> std::result::Result<(), String> {
+pub fn preflight(plan: &RunPlan, how: Check) -> std::result::Result<(), String> {
     if !nix::unistd::geteuid().is_root() {
         return Err("fraglab run needs root (pagemap, mlock, sysctls, tracefs)".into());
     }
     let sctp = plan.points.iter().flat_map(|p| &p.workloads).any(|w| w.kind_name.starts_with("sctp"));
     if sctp {
-        // SAFETY: a plain socket(2) call; the descriptor is closed at once.
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(format!(
-                "this kernel has no SCTP (socket: {e}): load the sctp module or run the config in a guest with `fraglab vm`"
-            ));
+        let missing = |why: String| {
+            format!(
+                "this kernel has no SCTP ({why}): load the sctp module or run the config in a guest with `fraglab vm`"
+            )
+        };
+        match how {
+            Check::Use => {
+                // SAFETY: a plain socket(2) call; the descriptor is closed at once.
+                let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
+                if fd < 0 {
+                    return Err(missing(format!("socket: {}", std::io::Error::last_os_error())));
+                }
+                // SAFETY: closing the descriptor just opened.
+                unsafe { libc::close(fd) };
+            }
+            Check::Look => {
+                if !sctp_registered() && !sctp_module_installed() {
+                    return Err(missing(
+                        "not in /proc/net/protocols, and no sctp module in /lib/modules for this kernel"
+                            .into(),
+                    ));
+                }
+            }
         }
-        // SAFETY: closing the descriptor just opened.
-        unsafe { libc::close(fd) };
     }
     let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
     if !filesystems.lines().any(|l| l.split_whitespace().last() == Some("tracefs")) {
@@ -369,6 +392,20 @@ pub fn preflight(plan: &RunPlan) -> std::result::Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// SCTP is built in or already loaded.
+fn sctp_registered() -> bool {
+    let protocols = std::fs::read_to_string("/proc/net/protocols").unwrap_or_default();
+    protocols.lines().any(|l| l.split_whitespace().next() == Some("SCTP"))
+}
+
+/// The running kernel has sctp as a module that a socket() would load (modules.dep lists it).
+fn sctp_module_installed() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let dep =
+        std::fs::read_to_string(format!("/lib/modules/{}/modules.dep", release.trim())).unwrap_or_default();
+    dep.lines().any(|l| l.split(':').next().is_some_and(|m| m.contains("/sctp.ko")))
 }
 
 /// Whether the fragmenter's result is good enough to test on; the reason if not.

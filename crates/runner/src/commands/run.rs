@@ -51,7 +51,7 @@ fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<ExitCode> {
     }
     if args.dry_run {
         print!("{}", runplan::describe(&plan, machine.mem_available, crate::vm::init::in_guest()));
-        if let Err(why) = pipeline::preflight(&plan) {
+        if let Err(why) = pipeline::preflight(&plan, pipeline::Check::Look) {
             println!(
                 "could not test here: {why}; a real run stops with exit {} (could-not-test) before \
                  taking any memory or changing any sysctl",
