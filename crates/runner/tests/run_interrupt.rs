@@ -8,17 +8,16 @@
 //! behind whatever else holds it on this machine, and run one at a time.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, ExitStatus};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fraglab_fragmenter::instance::WAIT_ENV;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::Value;
 
 mod common;
-use common::collect;
+use common::Running;
 
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 /// How long a run started here queues for the instance lock another fraglab holds.
@@ -119,103 +118,46 @@ impl Drop for Scratch {
     }
 }
 
-/// `fraglab run` in the background, its output collected as it comes. Dropped while still running
-/// (a failed test), it gets SIGTERM, then SIGKILL and a journal-restoring `fraglab probe`.
-struct Running {
-    child: Child,
-    run_dir: PathBuf,
-    stdout: Arc<Mutex<String>>,
-    stderr: Arc<Mutex<String>>,
+/// `fraglab run run.toml -o out` in the scratch directory, in the background.
+fn start(sc: &Scratch) -> Running {
+    let run_dir = sc.0.join("run");
+    let mut cmd = Command::new(FRAGLAB);
+    cmd.arg("--run-dir")
+        .arg(&run_dir)
+        .args(["run", "run.toml", "-o", "out"])
+        .current_dir(&sc.0)
+        .env(WAIT_ENV, format!("{}s", LOCK_WAIT.as_secs()));
+    Running::spawn(&mut cmd, &run_dir)
 }
 
-impl Running {
-    fn start(sc: &Scratch) -> Running {
-        let run_dir = sc.0.join("run");
-        let mut child = Command::new(FRAGLAB)
-            .arg("--run-dir")
-            .arg(&run_dir)
-            .args(["run", "run.toml", "-o", "out"])
-            .current_dir(&sc.0)
-            .env(WAIT_ENV, format!("{}s", LOCK_WAIT.as_secs()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = collect(child.stdout.take().unwrap());
-        let stderr = collect(child.stderr.take().unwrap());
-        Running { child, run_dir, stdout, stderr }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn output(&self) -> String {
-        format!("stdout:\n{}\nstderr:\n{}", self.stdout.lock().unwrap(), self.stderr.lock().unwrap())
-    }
-
-    fn wait_for(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                std::thread::sleep(Duration::from_millis(50)); // the readers take the last output
-                return Some(s);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+/// Wait until the run is in its first workload: the results directory has its first probe sample
+/// and the sweep point's sysctl is set (right before the workloads start), then `settle` more.
+fn wait_for_workload(run: &mut Running, sc: &Scratch, settle: Duration) {
+    let deadline = Instant::now() + LOCK_WAIT + Duration::from_secs(60);
+    loop {
+        if let Some(s) = run.child.try_wait().unwrap() {
+            panic!("the run ended before its workload ({s}): {}", run.output());
         }
-    }
-
-    /// Wait until the run is in its first workload: the results directory has its first probe sample
-    /// and the sweep point's sysctl is set (right before the workloads start), then `settle` more.
-    fn wait_for_workload(&mut self, sc: &Scratch, settle: Duration) {
-        let deadline = Instant::now() + LOCK_WAIT + Duration::from_secs(60);
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                panic!("the run ended before its workload ({s}): {}", self.output());
-            }
-            let sampled = sc
-                .results()
-                .is_some_and(|d| std::fs::metadata(d.join("probe.jsonl")).is_ok_and(|m| m.len() > 0));
-            if sampled && sysctl(SWEPT) == "1" {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the run did not reach its workload: {}", self.output());
-            std::thread::sleep(Duration::from_millis(20));
+        let sampled =
+            sc.results().is_some_and(|d| std::fs::metadata(d.join("probe.jsonl")).is_ok_and(|m| m.len() > 0));
+        if sampled && sysctl(SWEPT) == "1" {
+            break;
         }
-        std::thread::sleep(settle);
-        assert!(self.child.try_wait().unwrap().is_none(), "the run ended early: {}", self.output());
+        assert!(Instant::now() < deadline, "the run did not reach its workload: {}", run.output());
+        std::thread::sleep(Duration::from_millis(20));
     }
-
-    /// SIGINT, then the exit status and how long it took.
-    fn interrupt(&mut self) -> (ExitStatus, Duration) {
-        kill(Pid::from_raw(self.pid() as i32), Signal::SIGINT).unwrap();
-        let t = Instant::now();
-        let status = self.wait_for(Duration::from_secs(60)).unwrap_or_else(|| {
-            panic!("the run did not stop within 60 s of SIGINT: {}", self.output());
-        });
-        (status, t.elapsed())
-    }
+    std::thread::sleep(settle);
+    assert!(run.running(), "the run ended early: {}", run.output());
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.child.try_wait().unwrap().is_none() {
-            let _ = kill(Pid::from_raw(self.pid() as i32), Signal::SIGTERM);
-            if self.wait_for(Duration::from_secs(30)).is_none() {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                let _ = Command::new(FRAGLAB)
-                    .arg("--run-dir")
-                    .arg(&self.run_dir)
-                    .args(["probe", "--json"])
-                    .output();
-            }
-        }
-    }
+/// SIGINT, then the exit status and how long it took.
+fn interrupt(run: &mut Running) -> (ExitStatus, Duration) {
+    run.signal(Signal::SIGINT);
+    let t = Instant::now();
+    let status = run.wait_for(Duration::from_secs(60)).unwrap_or_else(|| {
+        panic!("the run did not stop within 60 s of SIGINT: {}", run.output());
+    });
+    (status, t.elapsed())
 }
 
 fn read_json(path: &Path) -> Value {
@@ -227,8 +169,8 @@ fn read_json(path: &Path) -> Value {
 /// saying interrupted, the swept sysctl restored, one workload result — stopped, with its real
 /// duration — and no second workload started. Returns that result.
 fn assert_interrupted(sc: &Scratch, run: &mut Running, before: &[(String, String)]) -> Value {
-    let pid = run.pid();
-    let (status, took) = run.interrupt();
+    let pid = run.child.id();
+    let (status, took) = interrupt(run);
     eprintln!("SIGINT: exited with {status} after {:.2} s", took.as_secs_f64());
     assert_eq!(status.code(), Some(130), "interrupted runs exit 130: {}", run.output());
     assert!(took < EXIT_WITHIN, "{took:?} from SIGINT to exit: {}", run.output());
@@ -302,8 +244,8 @@ fn sigint_stops_a_60s_tcp_stream_at_once_and_restores_the_sysctls() {
             true,
         ),
     );
-    let mut run = Running::start(&sc);
-    run.wait_for_workload(&sc, Duration::from_secs(1));
+    let mut run = start(&sc);
+    wait_for_workload(&mut run, &sc, Duration::from_secs(1));
     let r = assert_interrupted(&sc, &mut run, &before);
     assert_eq!(r["kind"], "tcp-stream");
     assert!(r["bytes"].as_u64().unwrap() > 0 && r["failed"] == 0, "{r:#}");
@@ -335,8 +277,8 @@ fn sigint_stops_an_exec_workload_and_its_whole_process_group_even_as_the_last_wo
             false,
         ),
     );
-    let mut run = Running::start(&sc);
-    run.wait_for_workload(&sc, Duration::from_millis(500));
+    let mut run = start(&sc);
+    wait_for_workload(&mut run, &sc, Duration::from_millis(500));
     assert!(!processes_with(&format!("sleep {marker}")).is_empty(), "the command runs: {}", run.output());
     let r = assert_interrupted(&sc, &mut run, &before);
     assert_eq!(r["kind"], "exec");

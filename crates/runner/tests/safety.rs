@@ -10,8 +10,8 @@
 //! meant to be refused ([`fraglab_now`]).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use fraglab_fragmenter::instance::{Instance, LOCK_FILE, WAIT_ENV};
@@ -20,7 +20,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 mod common;
-use common::collect;
+use common::Running;
 
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 const MIB: u64 = 1 << 20;
@@ -231,77 +231,11 @@ fn recovered_elsewhere(journal: &Path, err: &str, others: &[String]) -> bool {
     true
 }
 
-/// A fraglab started in the background, its output collected as it comes. If a test fails while it
-/// runs, dropping it sends SIGTERM (release and restore), and SIGKILL plus a journal-restoring command
-/// if that does not end it.
-struct Running {
-    child: Child,
-    run_dir: PathBuf,
-    stdout: Arc<Mutex<String>>,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Running {
-    fn start(run_dir: &Path, args: &[&str]) -> Running {
-        let mut child = command(run_dir)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        mine(child.id() as i32);
-        let stdout = collect(child.stdout.take().unwrap());
-        let stderr = collect(child.stderr.take().unwrap());
-        Running { child, run_dir: run_dir.to_path_buf(), stdout, stderr }
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn stdout(&self) -> String {
-        self.stdout.lock().unwrap().clone()
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    fn signal(&self, sig: Signal) {
-        kill(Pid::from_raw(self.pid()), sig).unwrap();
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    fn wait_for(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                std::thread::sleep(Duration::from_millis(50)); // let the readers take the last output
-                return Some(s);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.running() {
-            self.signal(Signal::SIGTERM);
-            if self.wait_for(Duration::from_secs(90)).is_none() {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                let _ = fraglab(&self.run_dir, &["probe", "--json"]); // restores from the journal
-            }
-        }
-    }
+/// A fraglab in the background (see [`common::Running`]), registered as this test binary's.
+fn start(run_dir: &Path, args: &[&str]) -> Running {
+    let run = Running::spawn(command(run_dir).args(args), run_dir);
+    mine(run.pid());
+    run
 }
 
 fn alive(pid: i32) -> bool {
@@ -428,10 +362,8 @@ fn memory_pressure_while_holding_gives_memory_back_before_the_oom_killer() {
     // ~2 GiB of pressure is enough to make it act.
     let floor = avail - 3 * GIB / 2;
     let floor_arg = format!("{floor}B");
-    let mut f = Running::start(
-        &dir,
-        &["fragment", "--max-free-order", "4", "--budget", "512MiB", "--floor", &floor_arg],
-    );
+    let mut f =
+        start(&dir, &["fragment", "--max-free-order", "4", "--budget", "512MiB", "--floor", &floor_arg]);
     wait_until(LOCK_WAIT + Duration::from_secs(90), "the fragmenter to answer `fraglab status`", || {
         assert!(f.running(), "the fragmenter exited before holding: {}", f.stderr());
         fraglab(&dir, &["status"]).status.success()
@@ -545,7 +477,7 @@ fn memory_pressure_during_a_run_is_recorded_as_target_lost() {
     let before = sysctls();
     let oom_kills = vmstat("oom_kill");
     let mut kmsg = KmsgWatcher::open().unwrap();
-    let mut run = Running::start(&dir, &["run", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let mut run = start(&dir, &["run", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
     let pid = run.pid();
     wait_until(LOCK_WAIT + Duration::from_secs(120), "the run to reach its workloads", || {
         assert!(run.running(), "the run ended early: {}{}", run.stdout(), run.stderr());
@@ -617,7 +549,7 @@ fn sigkill_mid_run_is_repaired_by_the_next_command() {
     let dir = scratch("kill");
     let out = scratch("kill-results");
     let before = sysctls();
-    let mut run = Running::start(&dir, &["run", "configs/quickstart.toml", "-o", out.to_str().unwrap()]);
+    let mut run = start(&dir, &["run", "configs/quickstart.toml", "-o", out.to_str().unwrap()]);
     let journal_path = dir.join("sysctl.journal");
     wait_until(
         LOCK_WAIT + Duration::from_secs(120),
@@ -703,7 +635,7 @@ fn sigkill_mid_trigger_restores_both_journals() {
     .unwrap();
     let before = sysctls();
     let trigger_journal = dir.join("trigger.journal");
-    let mut run = Running::start(&dir, &["run", long.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let mut run = start(&dir, &["run", long.to_str().unwrap(), "-o", out.to_str().unwrap()]);
     wait_until(LOCK_WAIT + Duration::from_secs(120), "the trigger to raise fs.pipe-max-size", || {
         assert!(run.running(), "the run ended early: {}{}", run.stdout(), run.stderr());
         journal(&trigger_journal).iter().any(|(n, _)| n == "fs.pipe-max-size")
@@ -761,7 +693,7 @@ fn interrupt_run(sig: Signal) {
     let mounted_before = tracefs_mounted();
     let avail_before = meminfo("MemAvailable");
     let locked_before = meminfo("Mlocked");
-    let mut run = Running::start(&dir, &["run", "configs/quickstart.toml", "-o", out.to_str().unwrap()]);
+    let mut run = start(&dir, &["run", "configs/quickstart.toml", "-o", out.to_str().unwrap()]);
     let pid = run.pid();
     // The catcher's instance appears when the monitors start, right before the first workload.
     wait_until(LOCK_WAIT + Duration::from_secs(120), "the run to reach its workloads", || {
@@ -1027,7 +959,7 @@ fn another_run_dir_is_refused_or_waits_while_a_daemon_holds() {
     assert!(alive(d.pid), "the holder died");
 
     // Queued: it waits for the daemon and changes nothing meanwhile.
-    let mut waiter = Running::start(&b, &["fragment", "--max-free-order", "4", "--budget", "64MiB"]);
+    let mut waiter = start(&b, &["fragment", "--max-free-order", "4", "--budget", "64MiB"]);
     let waiting = format!("waiting for fraglab pid {}", d.pid);
     wait_until(Duration::from_secs(30), "the second fraglab to say whom it waits for", || {
         assert!(waiter.running(), "it did not wait: {}", waiter.stderr());
@@ -1060,7 +992,7 @@ fn sigkill_is_repaired_from_another_run_dir() {
     let _s = serial();
     let (dead, other) = (scratch("stale-dead"), scratch("stale-other"));
     let before = sysctls();
-    let mut f = Running::start(&dead, &["fragment", "--max-free-order", "4", "--budget", "64MiB"]);
+    let mut f = start(&dead, &["fragment", "--max-free-order", "4", "--budget", "64MiB"]);
     wait_until(LOCK_WAIT + Duration::from_secs(90), "the fragmenter to answer `fraglab status`", || {
         assert!(f.running(), "the fragmenter exited before holding: {}", f.stderr());
         fraglab(&dead, &["status"]).status.success()

@@ -43,3 +43,77 @@ pub fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
     });
     text
 }
+
+/// A fraglab started in the background, its output collected as it comes. If a test fails while it
+/// runs, dropping it sends SIGTERM (release and restore), and SIGKILL plus a journal-restoring
+/// command if that does not end it within 90 s.
+pub struct Running {
+    pub child: std::process::Child,
+    pub run_dir: PathBuf,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Running {
+    /// Start `cmd` (a fraglab whose run directory is `run_dir`) with its output piped.
+    pub fn spawn(cmd: &mut Command, run_dir: &Path) -> Running {
+        use std::process::Stdio;
+        let mut child =
+            cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let stdout = collect(child.stdout.take().unwrap());
+        let stderr = collect(child.stderr.take().unwrap());
+        Running { child, run_dir: run_dir.to_path_buf(), stdout, stderr }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Both, for a failure message.
+    pub fn output(&self) -> String {
+        format!("stdout:\n{}\nstderr:\n{}", self.stdout(), self.stderr())
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).unwrap();
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    pub fn wait_for(&mut self, limit: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                std::thread::sleep(std::time::Duration::from_millis(50)); // the readers take the last output
+                return Some(s);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.running() {
+            self.signal(nix::sys::signal::Signal::SIGTERM);
+            if self.wait_for(std::time::Duration::from_secs(90)).is_none() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let _ = fraglab(&self.run_dir, &["probe", "--json"]); // restores from the journal
+            }
+        }
+    }
+}
