@@ -291,7 +291,7 @@ impl Pages {
     /// This kernel's: the page size, the number of orders /proc/buddyinfo lists, Hugepagesize.
     pub fn read() -> Result<Pages> {
         let orders = fraglab_probe::buddyinfo::BuddyInfo::read()?.nr_orders();
-        let huge_page_size = meminfo_kb("Hugepagesize").map(|kb| kb * 1024).unwrap_or(2 << 20);
+        let huge_page_size = meminfo()?.hugepagesize.unwrap_or(2 << 20);
         Ok(Pages { page_size: procfs::page_size(), max_order: orders as u32 - 1, huge_page_size })
     }
 
@@ -458,7 +458,7 @@ fn plan(kind: &Kind, pages: &Pages) -> Result<Plan> {
             if a.pages == 0 {
                 bail!("--pages 0: must be at least 1");
             }
-            let total = meminfo_kb("MemTotal")? * 1024;
+            let total = meminfo()?.mem_total;
             let huge = pages.huge_page_size;
             if a.pages.saturating_mul(huge) > total / 2 {
                 bail!(
@@ -616,7 +616,7 @@ fn execute(
         }
         raised = Some(r);
         let original = read_u64("vm.nr_hugepages")?;
-        hugepages_total_before = meminfo_kb("HugePages_Total")?;
+        hugepages_total_before = hugepages_total()?;
         details.insert("sysctl".into(), json!({ "name": "vm.nr_hugepages", "original": original }));
         details.insert("hugepages_total_before".into(), json!(hugepages_total_before));
     }
@@ -875,11 +875,14 @@ fn read_u64(name: &str) -> Result<u64> {
     v.parse().with_context(|| format!("sysctl {name} = {v:?} is not a number"))
 }
 
-fn meminfo_kb(field: &str) -> Result<u64> {
-    let text = fs::read_to_string("/proc/meminfo").context("cannot read /proc/meminfo")?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.split_whitespace().next()?.parse().ok())
-        .with_context(|| format!("/proc/meminfo has no {field}"))
+fn meminfo() -> Result<procfs::Meminfo> {
+    use procfs::Current;
+    procfs::Meminfo::current().context("cannot read /proc/meminfo")
+}
+
+/// HugePages_Total: the hugetlb pool's size in pages (none without CONFIG_HUGETLB_PAGE).
+fn hugepages_total() -> Result<u64> {
+    meminfo()?.hugepages_total.context("/proc/meminfo has no HugePages_Total (no CONFIG_HUGETLB_PAGE)")
 }
 
 /// After vm.nr_hugepages is back: the pages must really be freed (HugePages_Total back where it was).
@@ -891,7 +894,7 @@ fn hugetlb_check_freed(
     // Freeing is synchronous for unused pages; give a busy kernel a moment anyway.
     let deadline = Instant::now() + Duration::from_secs(2);
     let total = loop {
-        let total = meminfo_kb("HugePages_Total")?;
+        let total = hugepages_total()?;
         if total <= want || Instant::now() > deadline {
             break total;
         }
