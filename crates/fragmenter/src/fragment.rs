@@ -122,11 +122,6 @@ pub fn mem_available() -> Result<u64> {
     m.mem_available.context("/proc/meminfo has no MemAvailable (kernel older than 3.14)")
 }
 
-/// MemFree: free pages, page cache not counted.
-pub fn mem_free() -> Result<u64> {
-    Ok(procfs::Meminfo::current().context("cannot read /proc/meminfo")?.mem_free)
-}
-
 /// The default reserve for this machine: never below a few times the kernel's own min watermark.
 pub fn default_reserve() -> Result<u64> {
     let min_free = crate::sysctl::read("vm.min_free_kbytes")?.parse::<u64>().unwrap_or(0) * 1024;
@@ -211,12 +206,13 @@ impl Fragmenter {
                 next_look = arena.bytes() + (total / 4).max(arena.bytes() / 4).max(CHUNK);
             }
             let step = CHUNK.min(cap - arena.bytes());
-            if mem_available()? < plan.reserve + step {
+            let m = procfs::Meminfo::current().context("cannot read /proc/meminfo")?;
+            if m.mem_available.context("/proc/meminfo has no MemAvailable")? < plan.reserve + step {
                 break; // the reserve is not ours to take; shape what we have
             }
             // Past the budget, memory is taken only to find whole regions: from free memory, never
             // by making the kernel reclaim other processes' page cache for it.
-            if plan.budget.is_some() && arena.bytes() >= total && mem_free()? < plan.reserve + step {
+            if plan.budget.is_some() && arena.bytes() >= total && m.mem_free < plan.reserve + step {
                 break;
             }
             arena.populate(step as usize)?;
