@@ -74,7 +74,7 @@ type Row = (Vec<f64>, &'static str, BTreeMap<String, u64>);
 fn fragment_line(f: &Value) -> String {
     let budget = f["budget"].as_u64();
     let Ok(target) = serde_json::from_value::<fraglab_fragmenter::Target>(f["target"].clone()) else {
-        return format!("fragment: target {}\n", crate::compare::target_text(&f["target"]));
+        return format!("fragment: target {}\n", f["target"]);
     };
     let mut o =
         format!("fragment: {}, {}", crate::describe::extent(budget), crate::describe::target(&target));
