@@ -378,12 +378,17 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize) -> Result<Run> {
     let journal = Journal::create(&args.run_dir)?;
     let (mut cutting, mut freeing, mut settling) = (None, None, None);
     let t0 = Instant::now();
-    let f = Fragmenter::start(plan, journal, &mut |p| match p {
-        Progress::Cutting => cutting = Some(Instant::now()),
-        Progress::Freeing { .. } => freeing = Some(Instant::now()),
-        Progress::Settling => settling = Some(Instant::now()),
-        _ => {}
-    })?;
+    let f = Fragmenter::start(
+        plan,
+        journal,
+        &mut |p| match p {
+            Progress::Cutting => cutting = Some(Instant::now()),
+            Progress::Freeing { .. } => freeing = Some(Instant::now()),
+            Progress::Settling => settling = Some(Instant::now()),
+            _ => {}
+        },
+        &std::sync::atomic::AtomicBool::new(false),
+    )?;
     let end = Instant::now();
     let (cutting, freeing, settling) = (
         cutting.context("no Cutting progress")?,

@@ -7,6 +7,12 @@ use memmap2::{MmapMut, MmapOptions};
 
 pub const PAGE_SIZE: usize = 4096;
 
+/// `bytes` rounded down to whole pages: every byte figure that a loop counts pages towards is
+/// aligned where it is computed, so the last step is never asked for less than a page.
+pub fn page_floor(bytes: u64) -> u64 {
+    bytes / PAGE_SIZE as u64 * PAGE_SIZE as u64
+}
+
 /// One anonymous mapping. Chunks keep each mapping small enough that giving memory back under
 /// pressure can drop whole chunks, and never split into per-page VMAs (vm.max_map_count).
 struct Chunk {
@@ -24,12 +30,14 @@ pub struct Arena {
 }
 
 impl Arena {
-    /// Map and fault in `bytes` more memory as small pages. Transparent huge pages are refused so
-    /// every page is an order-0 allocation the cut can free one by one.
-    pub fn populate(&mut self, bytes: usize) -> Result<()> {
+    /// Map and fault in `bytes` more memory (rounded down to whole pages) as small pages. Transparent
+    /// huge pages are refused so every page is an order-0 allocation the cut can free one by one.
+    /// Returns the pages added: 0 only when `bytes` is less than a page, which a caller looping until
+    /// it holds some figure must treat as the end, not as a step.
+    pub fn populate(&mut self, bytes: usize) -> Result<usize> {
         let len = bytes / PAGE_SIZE * PAGE_SIZE;
         if len == 0 {
-            return Ok(());
+            return Ok(0);
         }
         let mut map = MmapOptions::new().len(len).map_anon().context("mmap of anonymous memory failed")?;
         map.advise(memmap2::Advice::NoHugePage).context("madvise(MADV_NOHUGEPAGE)")?;
@@ -50,7 +58,7 @@ impl Arena {
         }
         self.chunks.push(Chunk { map, first_page: self.pages });
         self.pages += len / PAGE_SIZE;
-        Ok(())
+        Ok(len / PAGE_SIZE)
     }
 
     pub fn pages(&self) -> usize {

@@ -1,5 +1,6 @@
 //! Take memory, cut it into the target shape, hold it, give it back.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -8,10 +9,10 @@ use fraglab_probe::pagetypeinfo::PageTypeInfo;
 use procfs::Current;
 use serde::{Deserialize, Serialize};
 
-use crate::arena::{Arena, PAGE_SIZE};
+use crate::arena::{page_floor, Arena, PAGE_SIZE};
 use crate::pipefill::PipeFill;
 use crate::shape::{self, Cut};
-use crate::sysctl::{Entry, Journal};
+use crate::sysctl::{Entry, Journal, Restored};
 use crate::target::Target;
 
 /// How held pages resist compaction.
@@ -61,6 +62,19 @@ pub enum Progress {
     },
 }
 
+impl Progress {
+    /// The step's name, as a run's phase says it.
+    pub fn step(&self) -> &'static str {
+        match self {
+            Progress::Populating { .. } => "populating",
+            Progress::Cutting => "cutting",
+            Progress::Freeing { .. } => "freeing",
+            Progress::Settling => "settling",
+            Progress::Filling { .. } => "filling",
+        }
+    }
+}
+
 /// What the fragmenter achieved, and what it is holding.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Status {
@@ -99,6 +113,10 @@ pub struct Status {
     pub buddyinfo_populated: BuddyInfo,
     pub buddyinfo_now: BuddyInfo,
     pub sysctls: Vec<Entry>,
+    /// Which bound ended each step of shaping that waits on the kernel (populate, settle, fill):
+    /// the target it reached, or the limit it hit first.
+    #[serde(default)]
+    pub bounds: Vec<String>,
     /// What fraglab did on its own while holding (gave memory back, ...), with timestamps.
     pub events: Vec<String>,
     /// Set once the target no longer holds and why.
@@ -129,6 +147,55 @@ pub fn default_reserve() -> Result<u64> {
     Ok((3 * min_free).max(total / 64).max(64 << 20))
 }
 
+/// Shaping was stopped (`fraglab release`, a signal) before the target was held; everything taken
+/// was given back and every sysctl restored.
+#[derive(Debug, thiserror::Error)]
+#[error("stopped while {phase}: gave back everything taken{}", restored_text(.restored))]
+pub struct Stopped {
+    pub phase: &'static str,
+    pub restored: Vec<Restored>,
+}
+
+fn restored_text(restored: &[Restored]) -> String {
+    if restored.is_empty() {
+        return String::new();
+    }
+    format!(", restored {}", restored.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", "))
+}
+
+/// Give back what shaping took so far (pipes, then the arena), then restore the sysctls: the stop
+/// path of [`Fragmenter::start`].
+fn stopped(phase: &'static str, mut arena: Arena, mut fill: PipeFill, mut journal: Journal) -> anyhow::Error {
+    fill.release();
+    arena.release();
+    match journal.restore() {
+        Ok(restored) => Stopped { phase, restored }.into(),
+        Err(e) => e.context(format!("stopped while {phase}; restoring sysctls failed")),
+    }
+}
+
+/// What populating aims at and may take at most, both whole pages: the budget (or, whole machine,
+/// MemAvailable above the reserve), and for a budget the cap of the search for whole aligned
+/// regions. The buddy allocator hands out the smallest free blocks first (__rmqueue_smallest), so on
+/// an already fragmented machine whole regions start to come only once the free Movable blocks below
+/// the region order are used up: a budgeted fragmenter takes more — up to 4× the budget, or the
+/// budget plus those small blocks when they are more, never the reserve — until enough of what it
+/// holds is usable, and gives the rest back after the cut.
+pub fn populate_limits(budget: Option<u64>, mem_available: u64, reserve: u64, small_free: u64) -> (u64, u64) {
+    let total = page_floor(budget.unwrap_or_else(|| mem_available.saturating_sub(reserve)));
+    let cap = budget.map_or(total, |b| page_floor(b.saturating_mul(4).max(b.saturating_add(small_free))));
+    (total, cap.max(total))
+}
+
+/// A byte figure in MiB (KiB below one): one unit throughout, so figures side by side compare.
+fn mib(bytes: u64) -> String {
+    if bytes < 1 << 20 {
+        format!("{} KiB", bytes >> 10)
+    } else {
+        format!("{} MiB", bytes >> 20)
+    }
+}
+
 /// The largest number of pages a max-free-order cut can free out of `pages` held.
 pub fn max_freeable(pages: u64, order: usize) -> u64 {
     pages / (1 << order) * ((1 << order) - 1)
@@ -142,8 +209,15 @@ const PCP_HIGH_FRACTION: &str = "100000";
 
 impl Fragmenter {
     /// Shape memory to `plan`. Sysctls are changed through `journal`, which restores them if this
-    /// fails or when the fragmenter is released.
-    pub fn start(plan: Plan, mut journal: Journal, progress: &mut dyn FnMut(Progress)) -> Result<Self> {
+    /// fails or when the fragmenter is released. `stop` is looked at between every step that takes
+    /// memory or waits on the kernel: once set, everything taken is given back, every sysctl
+    /// restored, and the error is a [`Stopped`].
+    pub fn start(
+        plan: Plan,
+        mut journal: Journal,
+        progress: &mut dyn FnMut(Progress),
+        stop: &AtomicBool,
+    ) -> Result<Self> {
         // If the OOM killer must pick someone, it should be us: our memory is the cheapest to lose.
         std::fs::write("/proc/self/oom_score_adj", "1000").context("cannot set oom_score_adj")?;
         journal.set("vm.percpu_pagelist_high_fraction", PCP_HIGH_FRACTION)?;
@@ -168,6 +242,7 @@ impl Fragmenter {
         let buddyinfo_before = BuddyInfo::read()?;
 
         let mut arena = Arena::default();
+        let mut fill = PipeFill::default();
         if plan.pin == Pin::Mlock {
             arena.lock()?;
         }
@@ -177,28 +252,31 @@ impl Fragmenter {
                 free.iter().rposition(|&n| n > 0).map_or(0, |o| (o + 1).min(plan.nr_orders - 1))
             }
         };
-        // A budget is the memory to shape into whole aligned regions. The buddy allocator hands
-        // out the smallest free blocks first (__rmqueue_smallest), so on an already fragmented
-        // machine whole regions start to come only once the free Movable blocks below the region order
-        // are used up: a budgeted fragmenter takes more — up to 4× the budget, or the budget
-        // plus those small blocks when they are more, never the reserve — until enough of what
-        // it holds is usable, and gives the rest back after the cut.
-        let total = match plan.budget {
-            Some(b) => b,
-            None => mem_available()?.saturating_sub(plan.reserve),
-        };
+        let mut bounds = Vec::new();
         let small_free = small_movable_free_bytes(&PageTypeInfo::read()?, region_order);
-        let cap = plan.budget.map_or(total, |b| b.saturating_mul(4).max(b.saturating_add(small_free)));
+        let (total, cap) = populate_limits(plan.budget, mem_available()?, plan.reserve, small_free);
         let mut next_look = total;
-        loop {
-            if arena.bytes() >= total && (plan.budget.is_none() || arena.bytes() >= cap) {
-                break;
+        // Every pass adds at least a page or ends the loop, so it ends by `cap` at the latest.
+        let populated = loop {
+            if stop.load(Ordering::Relaxed) {
+                return Err(stopped("populating", arena, fill, journal));
+            }
+            if arena.bytes() >= cap {
+                break match plan.budget {
+                    None => format!("took MemAvailable − reserve ({})", mib(total)),
+                    Some(_) if cap == total => format!("took the budget ({})", mib(total)),
+                    Some(_) => format!("took the search cap ({}) to find whole regions", mib(cap)),
+                };
             }
             if arena.bytes() >= next_look {
                 let usable =
                     shape::usable_pages(&arena.pfns()?, region_order, plan.nr_orders) * PAGE_SIZE as u64;
                 if usable * 10 >= total * 9 {
-                    break;
+                    break format!(
+                        "took {}, with whole regions for 90 % of {}",
+                        mib(arena.bytes()),
+                        mib(total)
+                    );
                 }
                 // A look reads pagemap and sorts every page held (0.2 s a GiB): look again after
                 // another quarter of the budget or of what is held, whichever is more, not after
@@ -207,17 +285,37 @@ impl Fragmenter {
             }
             let step = CHUNK.min(cap - arena.bytes());
             let m = procfs::Meminfo::current().context("cannot read /proc/meminfo")?;
-            if m.mem_available.context("/proc/meminfo has no MemAvailable")? < plan.reserve + step {
-                break; // the reserve is not ours to take; shape what we have
+            let avail = m.mem_available.context("/proc/meminfo has no MemAvailable")?;
+            if avail < plan.reserve + step {
+                // The reserve is not ours to take; shape what we have.
+                break format!(
+                    "stopped at {}: MemAvailable {} leaves no {} step above the reserve {}",
+                    mib(arena.bytes()),
+                    mib(avail),
+                    mib(step),
+                    mib(plan.reserve)
+                );
             }
             // Past the budget, memory is taken only to find whole regions: from free memory, never
             // by making the kernel reclaim other processes' page cache for it.
             if plan.budget.is_some() && arena.bytes() >= total && m.mem_free < plan.reserve + step {
-                break;
+                break format!(
+                    "stopped at {} past the budget: MemFree {} leaves no {} step above the reserve (no \
+                     reclaim for the region search)",
+                    mib(arena.bytes()),
+                    mib(m.mem_free),
+                    mib(step)
+                );
             }
-            arena.populate(step as usize)?;
+            if arena.populate(step as usize)? == 0 {
+                break format!(
+                    "stopped at {}: a step of {step} bytes is less than a page",
+                    mib(arena.bytes())
+                );
+            }
             progress(Progress::Populating { done: arena.bytes().min(total), total });
-        }
+        };
+        bounds.push(format!("populate: {populated}"));
         let buddyinfo_populated = BuddyInfo::read()?;
 
         progress(Progress::Cutting);
@@ -243,6 +341,9 @@ impl Fragmenter {
                 }
             }
         };
+        if stop.load(Ordering::Relaxed) {
+            return Err(stopped("cutting", arena, fill, journal));
+        }
         progress(Progress::Freeing { pages: cut.freed_pages() });
         arena.free(&cut.runs)?;
         let surplus_pages: u64 = if plan.budget.is_some() {
@@ -257,13 +358,27 @@ impl Fragmenter {
         drop(pfns);
 
         progress(Progress::Settling);
-        let mut buddyinfo_now = settle()?;
-        let mut fill = PipeFill::default();
+        let (mut buddyinfo_now, settled) = match settle(stop)? {
+            Some(s) => s,
+            None => return Err(stopped("settling", arena, fill, journal)),
+        };
+        bounds.push(format!("settle: {settled}"));
         let mut leftover_pages = None;
         if let (None, Target::MaxFreeOrder { order, .. }) = (plan.budget, &plan.target) {
-            let (b, left) = fill_leftovers(&mut fill, *order, plan.floor, progress)?;
+            let Some((b, left, ended)) = fill_leftovers(
+                &mut fill,
+                &mut journal,
+                *order,
+                plan.reserve.max(plan.floor),
+                progress,
+                stop,
+            )?
+            else {
+                return Err(stopped("filling the reserve's high-order blocks", arena, fill, journal));
+            };
             buddyinfo_now = b;
             leftover_pages = Some(left);
+            bounds.push(format!("fill: {ended}"));
         }
         let status = Status {
             pid: std::process::id(),
@@ -287,6 +402,7 @@ impl Fragmenter {
             buddyinfo_populated,
             buddyinfo_now,
             sysctls: journal.entries().to_vec(),
+            bounds,
             events: Vec::new(),
             target_lost: None,
         };
@@ -393,14 +509,25 @@ fn naive_cut(pages: usize, target: &Target, nr_orders: usize) -> Cut {
 }
 
 /// Wait for the per-CPU lists to drain into the buddy lists: buddyinfo stops changing, or 3 s pass.
-fn settle() -> Result<BuddyInfo> {
-    let deadline = Instant::now() + Duration::from_secs(3);
+/// Returns the last buddyinfo and which of the two ended the wait; `None` when `stop` was set.
+fn settle(stop: &AtomicBool) -> Result<Option<(BuddyInfo, String)>> {
+    const BOUND: Duration = Duration::from_secs(3);
+    let start = Instant::now();
     let mut last = BuddyInfo::read()?;
     loop {
         std::thread::sleep(Duration::from_millis(200));
+        if stop.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
         let now = BuddyInfo::read()?;
-        if now == last || Instant::now() > deadline {
-            return Ok(now);
+        if now == last {
+            return Ok(Some((now, format!("buddyinfo still after {} ms", start.elapsed().as_millis()))));
+        }
+        if start.elapsed() > BOUND {
+            return Ok(Some((
+                now,
+                format!("buddyinfo still changing after the {} s bound", BOUND.as_secs()),
+            )));
         }
         last = now;
     }
@@ -412,35 +539,86 @@ pub fn leftover_pages(b: &BuddyInfo, k: usize) -> u64 {
     b.zones.iter().filter(|z| z.zone != "DMA").map(|z| z.free_pages_at_or_above(k)).sum()
 }
 
+/// The smallest step of the whole-machine pipe fill.
+pub const FILL_STEP: u64 = 16 << 20;
+
+/// How long the pipe fill may go on when it may take up to `most` bytes: 60 s, and 2 s more a GiB
+/// (writing pipes runs at about 1 GiB/s here; the rest is margin for a slower machine).
+pub fn fill_time_bound(most: u64) -> Duration {
+    Duration::from_secs(60 + 2 * (most >> 30))
+}
+
 /// Break up the high-order blocks still free after the cut with pipe pages, in steps, until none is
-/// left (seen twice, a second apart, since freed pages drain from per-CPU lists late), the floor
-/// would be crossed, or 60 s pass. Returns the last buddyinfo and the leftover pages.
+/// left (seen twice, a second apart, since freed pages drain from per-CPU lists late), MemAvailable
+/// would fall below `keep` (the reserve: what the rest of the machine was promised — a reserve that
+/// is itself mostly high-order free blocks leaves the target unreached, and says so), a pipe cannot
+/// be had, or the time bound passes (60 s, and 2 s more for every GiB the fill may take). Returns the last buddyinfo, the leftover pages and which of those ended
+/// it; `None` when `stop` was set.
 fn fill_leftovers(
     fill: &mut PipeFill,
+    journal: &mut Journal,
     k: usize,
-    floor: u64,
+    keep: u64,
     progress: &mut dyn FnMut(Progress),
-) -> Result<(BuddyInfo, u64)> {
-    const STEP: u64 = 16 << 20;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    stop: &AtomicBool,
+) -> Result<Option<(BuddyInfo, u64, String)>> {
+    let start = Instant::now();
+    let most = mem_available()?.saturating_sub(keep);
+    let room = fill.fit(most, journal)?;
+    let bound = fill_time_bound(most);
     let mut clean_checks = 0;
     loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
         let b = BuddyInfo::read()?;
         let left = leftover_pages(&b, k);
         progress(Progress::Filling { bytes: fill.bytes(), leftover_pages: left });
+        let ended = |why: String, fill: &PipeFill| {
+            format!(
+                "{why}; {} in {} pipes of up to {}",
+                mib(fill.bytes()),
+                fill.pipes(),
+                mib(fill.pipe_bytes() as u64)
+            )
+        };
         if left == 0 {
             clean_checks += 1;
             if clean_checks == 2 {
-                return Ok((b, 0));
+                let why = format!(
+                    "no free block of order ≥ {k} left, after {:.1} s",
+                    start.elapsed().as_secs_f64()
+                );
+                return Ok(Some((b, 0, ended(why, fill))));
             }
             std::thread::sleep(Duration::from_secs(1));
             continue;
         }
         clean_checks = 0;
-        if Instant::now() > deadline || mem_available()? < floor + 2 * STEP {
-            return Ok((b, left));
+        let left_bytes = left * PAGE_SIZE as u64;
+        if start.elapsed() > bound {
+            let why =
+                format!("{} still free at order ≥ {k} at the {} s bound", mib(left_bytes), bound.as_secs());
+            return Ok(Some((b, left, ended(why, fill))));
         }
-        fill.fill(STEP.min(left * PAGE_SIZE as u64))?;
+        let avail = mem_available()?;
+        if avail < keep + FILL_STEP {
+            let why = format!(
+                "{} still free at order ≥ {k}: MemAvailable {} leaves no {} step above the reserve {}",
+                mib(left_bytes),
+                mib(avail),
+                mib(FILL_STEP),
+                mib(keep)
+            );
+            return Ok(Some((b, left, ended(why, fill))));
+        }
+        // Large leftovers (a reserve of many GiB) go in larger steps: buddyinfo is read once a step.
+        let step = left_bytes.min(FILL_STEP.max(left_bytes / 4)).min(avail - keep);
+        if let Err(e) = fill.fill(step) {
+            let why =
+                format!("{} still free at order ≥ {k}: {e:#} (room for {})", mib(left_bytes), mib(room));
+            return Ok(Some((b, left, ended(why, fill))));
+        }
     }
 }
 

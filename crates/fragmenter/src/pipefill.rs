@@ -3,51 +3,134 @@
 //! searches from the top order down), whereas our own movable pages would come from the smallest
 //! blocks — the very fragments we made. Filling pipes is how the high-order blocks left in the
 //! reserve we did not take get broken up in whole-machine mode.
+//!
+//! A fill can be many GiB (the default reserve of a 256 GiB server is 4 GiB), and every pipe costs a
+//! file descriptor, so the fill is sized to the descriptors this process may open: only the write end
+//! of a full pipe is kept (a pipe's buffers live until its last end closes, `put_pipe_info`), and
+//! pipes grow beyond `fs.pipe-max-size` — raised through the journal — when the descriptors would
+//! not hold the fill at 1 MiB a pipe.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
-/// Bytes per pipe: the default `fs.pipe-max-size`, which root may exceed but need not.
-const PIPE_BYTES: usize = 1 << 20;
+use crate::arena::PAGE_SIZE;
+use crate::sysctl::Journal;
+
+/// The smallest pipe a fill asks for: the default `fs.pipe-max-size`, needing no sysctl change.
+const MIN_PIPE_BYTES: usize = 1 << 20;
+
+/// A pipe as created, before F_SETPIPE_SZ: 16 slots (`PIPE_DEF_BUFFERS`).
+const DEFAULT_PIPE_BYTES: usize = 16 * PAGE_SIZE;
+
+/// The largest pipe a fill asks for. Its slot array is one kcalloc of 40 bytes a slot (order 6 for
+/// 16 MiB); larger ones would need blocks that a fragmented machine no longer has.
+const MAX_PIPE_BYTES: usize = 16 << 20;
+
+/// Descriptors left for everything else the process opens while it holds (the control socket, the
+/// log, /proc files, a run's workloads).
+const FD_MARGIN: u64 = 256;
 
 /// Pipes kept full; dropping them frees their pages.
-#[derive(Default)]
 pub struct PipeFill {
-    /// Read end, write end, bytes written into it.
-    pipes: Vec<(OwnedFd, OwnedFd, u64)>,
+    /// The write end of each pipe and the bytes written into it; the read ends are closed.
+    pipes: Vec<(OwnedFd, u64)>,
     bytes: u64,
+    /// What F_SETPIPE_SZ asks for next; halves when the kernel cannot allocate the slot array.
+    pipe_bytes: usize,
+}
+
+impl Default for PipeFill {
+    fn default() -> Self {
+        PipeFill { pipes: Vec::new(), bytes: 0, pipe_bytes: MIN_PIPE_BYTES }
+    }
 }
 
 impl PipeFill {
+    /// Get ready to hold up to `expected` bytes: raise the descriptor limit as far as the kernel lets
+    /// this process, and size pipes so that many bytes fit in the descriptors left, raising
+    /// `fs.pipe-max-size` through `journal` when they must be larger than it allows. Returns the
+    /// bytes the fill can hold at most.
+    pub fn fit(&mut self, expected: u64, journal: &mut Journal) -> Result<u64> {
+        let fds = raise_nofile_limit().saturating_sub(open_fds() + FD_MARGIN).max(1);
+        let per_pipe = expected.div_ceil(fds).max(MIN_PIPE_BYTES as u64);
+        let size = (per_pipe.next_power_of_two() as usize).min(MAX_PIPE_BYTES);
+        let max = crate::sysctl::read("fs.pipe-max-size")?.parse::<usize>().unwrap_or(MIN_PIPE_BYTES);
+        if size > max {
+            journal.set("fs.pipe-max-size", &size.to_string())?;
+        }
+        self.pipe_bytes = size;
+        Ok(fds * size as u64)
+    }
+
     /// Write `bytes` more (rounded up to a page) into new pipes. Returns the bytes now held.
     pub fn fill(&mut self, bytes: u64) -> Result<u64> {
         raise_nofile_limit();
-        let page = vec![0x5au8; 4096];
-        let mut left = bytes.div_ceil(4096) * 4096;
+        let buf = vec![0x5au8; 16 * PAGE_SIZE];
+        let mut left = bytes.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
         while left > 0 {
-            let (r, w) = nix::unistd::pipe().context("pipe() failed (out of file descriptors?)")?;
-            // SAFETY: F_SETPIPE_SZ on a pipe we own.
-            let size = unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_int) };
-            if size < 0 {
-                return Err(std::io::Error::last_os_error()).context("fcntl(F_SETPIPE_SZ)");
-            }
+            let (r, w) = match nix::unistd::pipe() {
+                Ok(p) => p,
+                Err(nix::errno::Errno::EMFILE | nix::errno::Errno::ENFILE) => bail!(
+                    "out of file descriptors after {} pipes holding {} MiB ({} KiB a pipe): \
+                     RLIMIT_NOFILE is {}; raise it (ulimit -n) or fs.pipe-max-size",
+                    self.pipes.len(),
+                    self.bytes >> 20,
+                    self.pipe_bytes >> 10,
+                    nofile_limit()
+                ),
+                Err(e) => return Err(e).context("pipe() failed"),
+            };
+            let size = self.resize(&w)?;
             let mut file = std::fs::File::from(w);
             let mut n = 0u64;
             while n < size as u64 && left > 0 {
-                file.write_all(&page).context("write to pipe")?;
-                n += 4096;
-                left -= 4096;
+                let len = (size as u64 - n).min(left).min(buf.len() as u64) as usize;
+                file.write_all(&buf[..len]).context("write to pipe")?;
+                n += len as u64;
+                left -= len as u64;
             }
+            // The buffers outlive the read end: keep one descriptor a pipe, not two.
+            drop(r);
             self.bytes += n;
-            self.pipes.push((r, OwnedFd::from(file), n));
+            self.pipes.push((OwnedFd::from(file), n));
         }
         Ok(self.bytes)
     }
 
+    /// Grow a new pipe to the fill's pipe size; when the kernel cannot allocate the slot array (one
+    /// kcalloc, of an order the fragmented machine may lack) try half the size, down to the 16 slots
+    /// every pipe already has. Returns the pipe's size.
+    fn resize(&mut self, w: &OwnedFd) -> Result<usize> {
+        while self.pipe_bytes > DEFAULT_PIPE_BYTES {
+            // SAFETY: F_SETPIPE_SZ on a pipe we own.
+            let size =
+                unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, self.pipe_bytes as libc::c_int) };
+            if size >= 0 {
+                return Ok(size as usize);
+            }
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::ENOMEM) {
+                return Err(err).with_context(|| format!("fcntl(F_SETPIPE_SZ, {})", self.pipe_bytes));
+            }
+            self.pipe_bytes /= 2;
+        }
+        Ok(DEFAULT_PIPE_BYTES)
+    }
+
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Pipes held now.
+    pub fn pipes(&self) -> usize {
+        self.pipes.len()
+    }
+
+    /// What F_SETPIPE_SZ asks for next.
+    pub fn pipe_bytes(&self) -> usize {
+        self.pipe_bytes
     }
 
     /// Close the newest pipes until at least `bytes` are freed (or none are left). Returns the bytes
@@ -55,7 +138,7 @@ impl PipeFill {
     pub fn shrink(&mut self, bytes: u64) -> u64 {
         let mut given = 0;
         while given < bytes {
-            let Some((_, _, n)) = self.pipes.pop() else { break };
+            let Some((_, n)) = self.pipes.pop() else { break };
             given += n;
         }
         self.bytes -= given;
@@ -69,12 +152,26 @@ impl PipeFill {
     }
 }
 
-/// Every pipe costs two descriptors; the soft limit (often 1024) would stop a fill at 512 MiB.
-fn raise_nofile_limit() {
+/// Raise the soft descriptor limit to the hard one, and the hard one towards `fs.nr_open` where
+/// the kernel allows it (CAP_SYS_RESOURCE). Every pipe costs a descriptor; the common soft limit of
+/// 1024 would stop a fill at 1 GiB. Returns the limit now in force.
+fn raise_nofile_limit() -> u64 {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if soft < hard {
-            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-        }
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return 1024 };
+    let nr_open = crate::sysctl::read("fs.nr_open").ok().and_then(|v| v.parse().ok()).unwrap_or(hard);
+    if nr_open > hard && setrlimit(Resource::RLIMIT_NOFILE, nr_open, nr_open).is_ok() {
+        return nr_open;
     }
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return hard;
+    }
+    soft
+}
+
+fn nofile_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(0, |(soft, _)| soft)
+}
+
+fn open_fds() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
 }

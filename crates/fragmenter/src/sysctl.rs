@@ -148,9 +148,21 @@ pub fn recover(dir: &Path) -> Result<Vec<Restored>> {
 /// known dead (e.g. it no longer holds the lock it journals under).
 pub fn recover_named(dir: &Path, name: &str) -> Result<Vec<Restored>> {
     let file = dir.join(name);
-    let text = match fs::read_to_string(&file) {
+    let Some(entries) = read_journal(&file)? else { return Ok(Vec::new()) };
+    let (restored, err) = restore_entries(&entries);
+    if let Some(e) = err {
+        return Err(e.context(format!("journal {} kept for the next try", file.display())));
+    }
+    fs::remove_file(&file).with_context(|| format!("cannot remove {}", file.display()))?;
+    Ok(restored)
+}
+
+/// The entries of the journal at `file`; `None` when there is none (nothing changed, or all
+/// restored).
+pub fn read_journal(file: &Path) -> Result<Option<Vec<Entry>>> {
+    let text = match fs::read_to_string(file) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
     };
     let mut entries = Vec::new();
@@ -164,10 +176,5 @@ pub fn recover_named(dir: &Path, name: &str) -> Result<Vec<Restored>> {
             }
         }
     }
-    let (restored, err) = restore_entries(&entries);
-    if let Some(e) = err {
-        return Err(e.context(format!("journal {} kept for the next try", file.display())));
-    }
-    fs::remove_file(&file).with_context(|| format!("cannot remove {}", file.display()))?;
-    Ok(restored)
+    Ok(Some(entries))
 }

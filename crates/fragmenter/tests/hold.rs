@@ -1,6 +1,7 @@
 //! The fragmenter on this machine's real memory, with a bounded budget and the safety reserve on.
 //! Needs root (pagemap PFNs, mlock, sysctls), as fraglab itself does.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
 use fraglab_fragmenter::fragment::{default_reserve, mem_available, Fragmenter, Pin, Plan};
@@ -64,8 +65,13 @@ fn max_free_order_holds_through_compaction_and_release_gives_memory_back() {
     let budget = 1u64 << 30;
     let k = 4;
     let target = Target::MaxFreeOrder { order: k, free_bytes: budget / 16 * 15 };
-    let f = Fragmenter::start(plan(target, budget, Pin::Mlock), Journal::create(&dir).unwrap(), &mut |_| {})
-        .unwrap();
+    let f = Fragmenter::start(
+        plan(target, budget, Pin::Mlock),
+        Journal::create(&dir).unwrap(),
+        &mut |_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
     let s = f.status().clone();
     println!("planned {:?} intact {:?} missing {} B", s.planned, s.intact, s.missing_bytes);
     assert_eq!(sysctl::read("vm.compact_unevictable_allowed").unwrap(), "0");
@@ -153,9 +159,13 @@ fn seed_profile_is_reproduced_in_the_budget() {
         fraglab_fragmenter::target::parse_profile("Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0")
             .unwrap();
     let target = Target::Profile { zone: Some("Normal".into()), free: free.clone() };
-    let f =
-        Fragmenter::start(plan(target, 512 << 20, Pin::Mlock), Journal::create(&dir).unwrap(), &mut |_| {})
-            .unwrap();
+    let f = Fragmenter::start(
+        plan(target, 512 << 20, Pin::Mlock),
+        Journal::create(&dir).unwrap(),
+        &mut |_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
     let s = f.status().clone();
     println!("planned {:?} intact {:?} missing {:?} scale {}", s.planned, s.intact, s.missing, s.scale);
     // 40773 order-0 blocks need 2 pages each: 512 MiB holds the profile unscaled.
@@ -180,9 +190,13 @@ fn pin_none_lets_compaction_fight_back() {
     let _lock = lock(&dir);
     let budget = 512u64 << 20;
     let target = Target::MaxFreeOrder { order: 4, free_bytes: budget / 16 * 15 };
-    let mut f =
-        Fragmenter::start(plan(target, budget, Pin::None), Journal::create(&dir).unwrap(), &mut |_| {})
-            .unwrap();
+    let mut f = Fragmenter::start(
+        plan(target, budget, Pin::None),
+        Journal::create(&dir).unwrap(),
+        &mut |_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
     assert_eq!(sysctl::read("vm.compact_unevictable_allowed").unwrap(), "1", "pin none must not touch it");
     let before = f.status().clone();
     compact_memory();

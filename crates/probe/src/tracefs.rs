@@ -1183,7 +1183,7 @@ fn join_users() -> Result<(PathBuf, bool, File)> {
         }
     };
     if alone {
-        remove_stale_instances(&root.join("instances"), true);
+        let _ = remove_stale_instances(&root.join("instances"), true);
     }
     drop(gate);
     Ok((root, fraglab_mounted, users))
@@ -1207,7 +1207,7 @@ fn leave_users(users: File, root: &Path) -> Result<bool> {
 }
 
 fn clean_up_as_last_user(root: &Path) -> Result<bool> {
-    remove_stale_instances(&root.join("instances"), true);
+    let _ = remove_stale_instances(&root.join("instances"), true);
     let Some(marker) = Marker::read() else {
         if Path::new(MOUNT_MARKER).exists() {
             remove_marker(); // unreadable: it can never justify an unmount
@@ -1224,7 +1224,7 @@ fn clean_up_as_last_user(root: &Path) -> Result<bool> {
         return Ok(false);
     };
     if target.path != root {
-        remove_stale_instances(&target.path.join("instances"), true);
+        let _ = remove_stale_instances(&target.path.join("instances"), true);
     }
     match unmount(&target.path) {
         Ok(()) => {
@@ -1453,7 +1453,7 @@ static NEXT_INSTANCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU3
 impl InstanceGuard {
     fn create(root: &Path) -> Result<InstanceGuard> {
         let instances = root.join("instances");
-        remove_stale_instances(&instances, false);
+        let _ = remove_stale_instances(&instances, false);
         let pid = std::process::id();
         loop {
             let n = NEXT_INSTANCE.fetch_add(1, Ordering::SeqCst);
@@ -1513,16 +1513,28 @@ impl Drop for InstanceGuard {
 /// `all`, every one (when no other fraglab process holds `tracefs.users`, none of them is in use: this
 /// also covers a dead fraglab whose pid was reused, or that ran in another pid namespace). An
 /// instance whose `trace_pipe` is open refuses rmdir (EBUSY), so a live reader never loses its own.
-fn remove_stale_instances(instances: &Path, all: bool) {
-    let Ok(entries) = std::fs::read_dir(instances) else { return };
+/// Returns the instances removed.
+fn remove_stale_instances(instances: &Path, all: bool) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(instances) else { return Vec::new() };
+    let mut removed = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(pid) = instance_pid(&name) else { continue };
         let dead = pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists();
-        if all || dead {
-            let _ = std::fs::remove_dir(entry.path());
+        if (all || dead) && std::fs::remove_dir(entry.path()).is_ok() {
+            removed.push(entry.path());
         }
     }
+    removed
+}
+
+/// Remove the instances of fraglab catchers whose process is gone, in every tracefs mounted here —
+/// what every fraglab command does first, so a SIGKILLed run's filter and stack trigger stop
+/// costing every page allocation now, not at the next run. Mounts nothing and waits on no lock; an
+/// instance whose `trace_pipe` is still open refuses rmdir and stays. Returns the instances removed.
+pub fn remove_dead_instances() -> Vec<PathBuf> {
+    let Ok(mounts) = tracefs_mounts() else { return Vec::new() };
+    mounts.iter().flat_map(|m| remove_stale_instances(&m.path.join("instances"), false)).collect()
 }
 
 /// The pid in a catcher's instance name: `fraglab-<pid>` or `fraglab-<pid>-<n>`.

@@ -3,16 +3,13 @@
 //! `--json` prints the structures themselves; nothing here changes them.
 
 use fraglab_fragmenter::arena::PAGE_SIZE;
+use fraglab_fragmenter::fragment::{fill_time_bound, Progress};
 use fraglab_fragmenter::shape::{profile_pages, scale_profile};
 use fraglab_fragmenter::{Pin, Plan, Target};
 
 use crate::units::{format_size, order_size};
 
 const PAGE: u64 = PAGE_SIZE as u64;
-
-/// Whole-machine pipe fill stops when MemAvailable comes this close to the floor (two of its 16 MiB
-/// steps, `fragment::fill_leftovers`).
-const FILL_STOP_ABOVE_FLOOR: u64 = 32 << 20;
 
 /// `no free block of order ≥ 4 (64K), 960.00 MiB free below it`, or
 /// `profile of zone Normal: free blocks per order 40773 37 34 29 0 0 0 0 0 0 0 (161.00 MiB free)`.
@@ -28,6 +25,23 @@ pub fn target(t: &Target) -> String {
             zone.as_deref().map(|z| format!(" of zone {z}")).unwrap_or_default(),
             counts(free),
             format_size(profile_free_bytes(free))
+        ),
+    }
+}
+
+/// Where shaping stands, for `fraglab status` while a fragmenter has not reached its target yet.
+pub fn progress(p: &Progress) -> String {
+    match p {
+        Progress::Populating { done, total } => {
+            format!("populating, {} of {}", format_size(*done), format_size(*total))
+        }
+        Progress::Cutting => "cutting: choosing the pages to free".into(),
+        Progress::Freeing { pages } => format!("freeing {}", format_size(pages * PAGE)),
+        Progress::Settling => "settling: waiting for the per-CPU lists to drain".into(),
+        Progress::Filling { bytes, leftover_pages } => format!(
+            "filling the reserve's high-order blocks with pipe pages: {} so far, {} still free at order ≥ k",
+            format_size(*bytes),
+            format_size(leftover_pages * PAGE)
         ),
     }
 }
@@ -80,9 +94,10 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
         (None, Target::MaxFreeOrder { order, .. }) => format!(
             "all free memory above the reserve, about {}; then pipe pages (unmovable order-0 \
              allocations) break up the blocks of order ≥ {order} still free in the reserve, in every \
-             zone but DMA, until none is left, MemAvailable comes within {} of the floor, or 60 s pass",
+             zone but DMA, until none is left, MemAvailable would fall below the reserve, or {} s pass \
+             (a reserve that is mostly high-order free blocks leaves the target unreached)",
             format_size(takeable),
-            format_size(FILL_STOP_ABOVE_FLOOR)
+            fill_time_bound(takeable).as_secs()
         ),
         (None, Target::Profile { .. }) => format!(
             "all free memory above the reserve, about {}, cut to the profile; no pipe fill for a \

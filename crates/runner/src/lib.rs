@@ -57,7 +57,7 @@ pub fn main() -> ExitCode {
 }
 
 /// Replay the sysctl journals of fraglabs that died holding them (the instance's and the triggers'),
-/// say what was put back, and mark a dead run's results as cut short. Only the process that finds a
+/// remove their tracefs instances, say what was put back, and mark a dead run's results as cut short. Only the process that finds a
 /// dead holder under the lock marks its run, so two commands starting together never both write it.
 fn recover_after_dead_fraglabs(run_dir: &std::path::Path) {
     let say = |who: &str, restored: Vec<fraglab_fragmenter::sysctl::Restored>| {
@@ -88,6 +88,10 @@ fn recover_after_dead_fraglabs(run_dir: &std::path::Path) {
             }
         }
         Err(e) => eprintln!("fraglab: could not restore a previous fraglab's sysctls: {e:#}"),
+    }
+    // A dead run's catcher instance (its filter and stack trigger) costs every page allocation.
+    for dir in fraglab_probe::tracefs::remove_dead_instances() {
+        eprintln!("fraglab: removed {} left by a fraglab that died", dir.display());
     }
     // Triggers journal apart from the fragmenter (they run while it holds the instance lock).
     workload::trigger::set_run_dir(run_dir);

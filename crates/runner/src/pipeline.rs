@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use fraglab_fragmenter::fragment::Fragmenter;
+use fraglab_fragmenter::fragment::{Fragmenter, Progress, Stopped};
 use fraglab_fragmenter::hold::Guarded;
 use fraglab_fragmenter::instance::Instance;
 use fraglab_fragmenter::sysctl::Journal;
@@ -133,7 +133,7 @@ fn pipeline(
     results: ResultsDir,
     mut record: RunRecord,
 ) -> Result<(Verdict, ResultsDir)> {
-    let mut phases = Phases::new();
+    let mut phases = Phases::new(&results);
 
     // If this process is killed, the next fraglab marks these results as cut short.
     instance.set_results(&results.dir)?;
@@ -151,7 +151,32 @@ fn pipeline(
             if let Some(note) = crate::runplan::whole_machine_note(plan, avail, crate::vm::init::in_guest()) {
                 eprint!("{note}");
             }
-            let f = Fragmenter::start(fp.clone(), journal, &mut crate::commands::fragment::progress_bar())?;
+            let mut bar = crate::commands::fragment::progress_bar();
+            let mut step = "";
+            let mut progress = |p: Progress| {
+                if p.step() != step {
+                    step = p.step();
+                    phases.mark(&format!("fragment: {step}"));
+                }
+                bar(p);
+            };
+            let started = Fragmenter::start(fp.clone(), journal, &mut progress, &stop);
+            drop(bar);
+            let f = match started {
+                Ok(f) => f,
+                Err(e) => {
+                    let Some(stopped) = e.downcast_ref::<Stopped>() else { return Err(e) };
+                    phases.end();
+                    record.phases = phases.done();
+                    record.sysctls_restored.extend(stopped.restored.iter().map(|r| r.to_string()));
+                    record.status = "incomplete".into();
+                    record.verdict = Some(Verdict::Interrupted);
+                    record.reason = format!("interrupted by a signal: {stopped}");
+                    record.finished = Some(crate::workload::result::wall_now());
+                    results.write_json("run.json", &record)?;
+                    return Ok((Verdict::Interrupted, results));
+                }
+            };
             record.fragment = Some(f.status().clone());
             if let Some(why) = target_missed(f.status()) {
                 phases.end();
@@ -232,7 +257,8 @@ fn pipeline(
         Held::Baseline(mut journal) => journal.restore()?,
     };
     record.sysctls_restored.extend(restored.iter().map(|r| r.to_string()));
-    drop(instance);
+    // The instance lock stays held until run.json has its verdict: a run killed after this point
+    // (in the final probe) is still found dead by the next fraglab and its record marked incomplete.
 
     phases.begin("final");
     results.write_json("final.json", &Snapshot::take(&Monitor::available().0)?)?;
@@ -309,16 +335,26 @@ impl RunRecord {
 struct Phases {
     done: Vec<Phase>,
     current: Option<(String, u64)>,
+    results: ResultsDir,
 }
 
 impl Phases {
-    fn new() -> Self {
-        Phases { done: Vec::new(), current: None }
+    fn new(results: &ResultsDir) -> Self {
+        Phases { done: Vec::new(), current: None, results: results.clone() }
     }
 
     fn begin(&mut self, name: &str) {
         self.end();
         self.current = Some((name.to_string(), monotonic_ns()));
+        self.mark(name);
+    }
+
+    /// Say in run.json where the run is. Advisory — it only tells a run that dies where it was — so
+    /// a failed write is told, not fatal.
+    fn mark(&self, name: &str) {
+        if let Err(e) = self.results.mark_phase(name) {
+            eprintln!("fraglab: {e:#}");
+        }
     }
 
     fn end(&mut self) {

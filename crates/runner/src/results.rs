@@ -39,6 +39,7 @@ pub fn require_results_dir(dir: &Path) -> Result<()> {
     )
 }
 
+#[derive(Clone)]
 pub struct ResultsDir {
     pub dir: PathBuf,
 }
@@ -85,10 +86,28 @@ impl ResultsDir {
             return Ok(false);
         }
         record["status"] = "incomplete".into();
-        record["reason"] = why.into();
+        record["reason"] = match record["phase"].as_str() {
+            Some(phase) => format!("{why}; it was in phase `{phase}`").into(),
+            None => why.into(),
+        };
         record["finished"] = serde_json::to_value(crate::workload::result::wall_now())?;
         self.write_json("run.json", &record)?;
         Ok(true)
+    }
+
+    /// Note in run.json the phase a running run has reached, so one that dies says where: the
+    /// record written when the run ends replaces it with the full list of phases.
+    pub fn mark_phase(&self, phase: &str) -> Result<()> {
+        let path = self.dir.join("run.json");
+        let mut record: serde_json::Value = serde_json::from_slice(
+            &fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?,
+        )
+        .with_context(|| format!("{} is not JSON", path.display()))?;
+        if record["status"] != "running" {
+            return Ok(());
+        }
+        record["phase"] = phase.into();
+        self.write_json("run.json", &record)
     }
 
     /// An append-only JSON-lines file; each line is flushed as it is written.

@@ -1,17 +1,17 @@
 //! `fraglab fragment`, `fraglab status`, `fraglab release`.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use fraglab_fragmenter::control::{self, Request};
-use fraglab_fragmenter::fragment::{Fragmenter, Progress};
+use fraglab_fragmenter::fragment::{Fragmenter, Progress, Stopped};
 use fraglab_fragmenter::instance::Instance;
 use fraglab_fragmenter::sysctl::Journal;
 use fraglab_fragmenter::{Plan, Status};
@@ -24,6 +24,64 @@ use crate::units::{format_size, order_size};
 
 /// The daemon child says this on stdout once it holds the target, followed by its status as JSON.
 const READY: &str = "FRAGLAB-HOLDING ";
+
+/// The daemon child says this on stdout when it was stopped before it held, followed by why.
+const STOPPED: &str = "FRAGLAB-STOPPED ";
+
+/// The control socket while [`Fragmenter::start`] shapes: `status` says where shaping stands,
+/// `release` sets the stop flag that shaping looks at between steps.
+struct Shaping {
+    progress: Arc<Mutex<String>>,
+    released: Arc<AtomicBool>,
+    done: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Shaping {
+    fn serve(listener: &UnixListener, stop: Arc<AtomicBool>) -> Result<Shaping> {
+        let listener = listener.try_clone().context("cannot share the control socket")?;
+        let progress = Arc::new(Mutex::new("starting".to_string()));
+        let (released, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (p, r, d) = (Arc::clone(&progress), Arc::clone(&released), Arc::clone(&done));
+        let thread = std::thread::Builder::new().name("fraglab-shaping".into()).spawn(move || {
+            while !d.load(Ordering::Relaxed) {
+                let release = control::serve_pending(&listener, |req| match req {
+                    Request::Status => serde_json::json!({
+                        "ok": true,
+                        "shaping": *p.lock().unwrap_or_else(|e| e.into_inner()),
+                        "pid": std::process::id(),
+                    }),
+                    Request::Release => serde_json::json!({
+                        "ok": true,
+                        "released": true,
+                        "shaping": *p.lock().unwrap_or_else(|e| e.into_inner()),
+                    }),
+                });
+                if release {
+                    r.store(true, Ordering::Relaxed);
+                    stop.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })?;
+        Ok(Shaping { progress, released, done, thread: Some(thread) })
+    }
+
+    /// Pass a step on to the progress bar and keep it for `status`.
+    fn progress(&self, p: Progress, bar: &mut impl FnMut(Progress)) {
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = describe::progress(&p);
+        bar(p);
+    }
+
+    /// Stop answering; true when a release came while shaping.
+    fn finish(mut self) -> bool {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.released.load(Ordering::Relaxed)
+    }
+}
 
 pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
     let machine = Machine::read()?;
@@ -54,9 +112,30 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
 
-    let mut progress = progress_bar();
-    let mut fragmenter = Fragmenter::start(plan, journal, &mut progress)?;
-    drop(progress);
+    // Shaping a whole machine takes a while: the socket is answered from the start, and a release
+    // then stops it between two steps.
+    let shaping = Shaping::serve(&listener, Arc::clone(&stop))?;
+    let mut bar = progress_bar();
+    let started = Fragmenter::start(plan, journal, &mut |p| shaping.progress(p, &mut bar), &stop);
+    drop(bar);
+    let released_early = shaping.finish();
+    let mut fragmenter = match started {
+        Ok(f) => f,
+        Err(e) => {
+            drop(listener);
+            let _ = std::fs::remove_file(run_dir.join(control::SOCKET));
+            drop(instance);
+            let Some(stopped) = e.downcast_ref::<Stopped>() else { return Err(e) };
+            let by = if released_early { "`fraglab release`" } else { "a signal" };
+            let msg = format!("stopped by {by}: {stopped}; nothing is held");
+            if args.daemon_child {
+                println!("{STOPPED}{msg}");
+            } else {
+                eprintln!("fraglab: {msg}");
+            }
+            return Ok(ExitCode::FAILURE);
+        }
+    };
 
     if args.daemon_child {
         // Tell the foreground half we hold, then cut loose from its terminal.
@@ -156,6 +235,11 @@ fn spawn_daemon(run_dir: &Path) -> Result<ExitCode> {
             );
             return Ok(ExitCode::SUCCESS);
         }
+        if let Some(why) = line.strip_prefix(STOPPED) {
+            eprintln!("fraglab: the background fragmenter: {why}");
+            child.wait()?;
+            return Ok(ExitCode::FAILURE);
+        }
     }
     let code = child.wait()?;
     bail!("the background fragmenter stopped before holding ({code})");
@@ -176,6 +260,17 @@ fn detach(run_dir: &Path) -> Result<()> {
 
 pub fn status(args: StatusArgs, run_dir: &Path) -> Result<ExitCode> {
     let reply = control::call(run_dir, &Request::Status)?;
+    if let Some(shaping) = reply["shaping"].as_str() {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&reply)?);
+        } else {
+            println!(
+                "fraglab pid {} is still shaping: {shaping}; nothing is held in shape yet",
+                reply["pid"]
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let status: Status = serde_json::from_value(reply["status"].clone())?;
     report(&status, args.json)?;
     Ok(ExitCode::SUCCESS)
@@ -199,7 +294,11 @@ pub fn release(run_dir: &Path) -> Result<ExitCode> {
         eprintln!("nothing to release: no fraglab is holding memory");
         return Ok(ExitCode::SUCCESS);
     }
-    control::call(run_dir, &Request::Release)?;
+    // What it changed, to say what was put back once it has let go.
+    let journal = run_dir.join(Journal::FILE);
+    let changed = fraglab_fragmenter::sysctl::read_journal(&journal).ok().flatten().unwrap_or_default();
+    let reply = control::call(run_dir, &Request::Release)?;
+    let shaping = reply["shaping"].as_str().map(String::from);
     // The holder releases after replying; wait until it has let go of the lock so the caller can rely
     // on it — by watching its record, not by taking the lock, which is machine-wide: a fraglab starting
     // elsewhere at that moment must not be refused because release peeked.
@@ -213,7 +312,23 @@ pub fn release(run_dir: &Path) -> Result<ExitCode> {
             None => UnixStream::connect(&socket).is_ok(),
         };
         if !holding {
-            eprintln!("released");
+            if journal.exists() {
+                bail!(
+                    "the fragmenter let go but left {} (a sysctl could not be restored); the next fraglab \
+                     command retries it",
+                    journal.display()
+                );
+            }
+            let restored = changed.iter().map(|e| format!("{} = {}", e.name, e.original)).collect::<Vec<_>>();
+            eprintln!(
+                "released{}: memory given back{}",
+                shaping.map(|s| format!(" while still shaping ({s})")).unwrap_or_default(),
+                if restored.is_empty() {
+                    String::new()
+                } else {
+                    format!(", restored {}", restored.join(", "))
+                }
+            );
             return Ok(ExitCode::SUCCESS);
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -301,6 +416,9 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
             z.label(),
             z.free.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ")
         );
+    }
+    for b in &s.bounds {
+        println!("  ended {b}");
     }
     for e in &s.sysctls {
         println!("  sysctl {} = {} (was {}, restored on release)", e.name, e.set_to, e.original);

@@ -1,0 +1,238 @@
+//! The whole-machine path (no budget) on this host, as `fraglab fragment --max-free-order 4 --free
+//! 4GiB --daemon` once hung here holding 23.7 GiB: populating asked for less than a page and spun.
+//! A `--reserve` that leaves all but 1–2 GiB alone takes the same path without starving the
+//! machine; the reserve is then many GiB, which is also what the pipe fill must cope with. Every
+//! figure is varied — what is taken, its alignment, when a release or signal comes — because one
+//! that happens to line up proves nothing.
+//!
+//! Sysctls are compared holding the machine-wide instance lock, so no other fraglab (another test
+//! binary, an engineer's run) is changing them at that moment.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use fraglab_fragmenter::instance::{Instance, WAIT_ENV};
+use nix::sys::signal::Signal;
+
+mod common;
+use common::{wait_until, Running, FRAGLAB};
+
+const MIB: u64 = 1 << 20;
+
+/// Every sysctl the fragmenter may change.
+const SYSCTLS: [&str; 5] = [
+    "vm.percpu_pagelist_high_fraction",
+    "vm.lowmem_reserve_ratio",
+    "vm.compact_unevictable_allowed",
+    "vm.compaction_proactiveness",
+    "fs.pipe-max-size",
+];
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fraglab-whole-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn command(run_dir: &Path) -> Command {
+    let mut c = Command::new(FRAGLAB);
+    c.arg("--run-dir").arg(run_dir).current_dir(common::repo()).env(WAIT_ENV, "600s");
+    c
+}
+
+fn fraglab(run_dir: &Path, args: &[&str]) -> Output {
+    command(run_dir).args(args).output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn sysctls() -> Vec<String> {
+    SYSCTLS.iter().map(|n| fraglab_fragmenter::sysctl::read(n).unwrap()).collect()
+}
+
+/// The sysctls as no fraglab has them changed: read holding the instance lock.
+fn sysctls_at_rest(dir: &Path) -> Vec<String> {
+    let (lock, restored) =
+        Instance::acquire_wait(dir, "whole_machine test", Duration::from_secs(600)).unwrap();
+    assert!(restored.is_empty(), "the lock found journals nobody restored: {restored:?}");
+    let values = sysctls();
+    drop(lock);
+    values
+}
+
+fn mem_available() -> u64 {
+    fraglab_fragmenter::fragment::mem_available().unwrap()
+}
+
+/// VmLck of a process in bytes; 0 once it is gone.
+fn vm_lck(pid: i32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmLck:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A `--reserve` in bytes that leaves about `take` of MemAvailable to the fragmenter, off by `skew`
+/// bytes so the figure it computes is not page-aligned.
+fn reserve_leaving(take: u64, skew: u64) -> String {
+    (mem_available().saturating_sub(take) + skew).to_string()
+}
+
+/// `fraglab status --json` of the fragmenter holding `dir`, when one answers.
+fn status(dir: &Path) -> Option<serde_json::Value> {
+    let out = fraglab(dir, &["status", "--json"]);
+    out.status.success().then(|| serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// The fix's own arithmetic: every step of populating adds at least a page, whatever the figures.
+#[test]
+fn populate_limits_are_whole_pages_at_every_alignment() {
+    use fraglab_fragmenter::fragment::populate_limits;
+    for avail in [(1 << 30) + 1, (22 << 30) + 4095, 987_654_321_123, 4097, 0] {
+        for reserve in [0, 1, 4095, 4097, 64 << 20, (64 << 20) + 12345, avail] {
+            for budget in [None, Some(1 << 20), Some((256 << 20) + 1), Some(12345)] {
+                for small in [0, 1, 3 << 30, (3 << 30) + 777] {
+                    let (total, cap) = populate_limits(budget, avail, reserve, small);
+                    assert_eq!(total % 4096, 0, "{budget:?} {avail} {reserve}");
+                    assert_eq!(cap % 4096, 0, "{budget:?} {avail} {reserve} {small}");
+                    assert!(cap >= total);
+                    assert!(total <= budget.unwrap_or(avail.saturating_sub(reserve)));
+                    // The loop's steps: min(64 MiB, cap − held) from 0 reaches cap, a page or more a step.
+                    let (mut held, mut steps) = (0u64, 0u64);
+                    while held < cap {
+                        let step = (64u64 << 20).min(cap - held);
+                        assert!(step >= 4096 && step % 4096 == 0, "step {step}");
+                        held += step;
+                        steps += 1;
+                    }
+                    assert_eq!(held, cap);
+                    assert!(steps <= cap.div_ceil(64 << 20));
+                }
+            }
+        }
+    }
+}
+
+/// The whole-machine daemon on a host, at several sizes and alignments: it holds, says which bound
+/// ended each step, `release` gives everything back with exit 0, and the sysctls are back.
+#[test]
+fn whole_machine_daemon_on_a_host_holds_and_releases_at_every_alignment() {
+    let _s = serial();
+    let dir = scratch("daemon");
+    let before = sysctls_at_rest(&dir);
+    for (take, skew) in [(1024 * MIB, 0), (1280 * MIB, 1), (1536 * MIB + 12345, 4095), (1100 * MIB, 777_777)]
+    {
+        let reserve = reserve_leaving(take, skew);
+        let out = fraglab(&dir, &["fragment", "--max-free-order", "4", "--reserve", &reserve, "--daemon"]);
+        assert!(out.status.success(), "take {take} skew {skew}: {}", text(&out));
+        let s = status(&dir).expect("the daemon answers status");
+        let pid = s["pid"].as_i64().unwrap() as i32;
+        let bounds: Vec<&str> = s["bounds"].as_array().unwrap().iter().map(|b| b.as_str().unwrap()).collect();
+        eprintln!("take {take} skew {skew} reserve {reserve}: {bounds:?}");
+        for step in ["populate: ", "settle: ", "fill: "] {
+            assert!(bounds.iter().any(|b| b.starts_with(step)), "no {step:?} bound in {bounds:?}");
+        }
+        let held = s["held_bytes"].as_u64().unwrap() + s["freed_bytes"].as_u64().unwrap();
+        assert!(held > 512 * MIB && held <= take + 128 * MIB, "took {held} B, asked about {take}");
+        assert!(vm_lck(pid) > 0, "the daemon holds mlocked memory");
+        // The fill never eats into the reserve the rest of the machine was promised.
+        let floor: u64 = reserve.parse().unwrap();
+        assert!(
+            mem_available() + 64 * MIB >= floor,
+            "MemAvailable {} below the reserve {floor}",
+            mem_available()
+        );
+
+        let rel = fraglab(&dir, &["release"]);
+        assert!(rel.status.success(), "{}", text(&rel));
+        let said = String::from_utf8_lossy(&rel.stderr);
+        assert!(said.contains("released") && !said.contains("os error"), "{said}");
+        assert_eq!(vm_lck(pid), 0, "the daemon let go of its memory");
+        assert_eq!(sysctls_at_rest(&dir), before, "sysctls after take {take} skew {skew}");
+    }
+}
+
+/// `release` of a fragmenter still taking memory: it stops between two steps, gives everything
+/// back, restores every sysctl and says so — exit 0 — and the daemon's own command says it was
+/// released before it held. The release comes at different points of shaping.
+#[test]
+fn release_while_shaping_stops_it_and_gives_everything_back() {
+    let _s = serial();
+    let dir = scratch("release");
+    let before = sysctls_at_rest(&dir);
+    for (take, after_ms) in [(3072 * MIB, 0), (2560 * MIB + 4097, 300), (3584 * MIB, 800)] {
+        let reserve = reserve_leaving(take, 0);
+        let mut frag = Running::spawn(
+            command(&dir).args(["fragment", "--max-free-order", "4", "--reserve", &reserve, "--daemon"]),
+            &dir,
+        );
+        // Shaping has begun when the control socket answers that it is shaping.
+        let mut shaping = None;
+        wait_until(Duration::from_secs(600), "the daemon answers status while shaping", || {
+            assert!(frag.running() || shaping.is_some(), "it ended before shaping: {}", frag.output());
+            shaping = status(&dir).filter(|s| s["shaping"].is_string());
+            shaping.is_some()
+        });
+        std::thread::sleep(Duration::from_millis(after_ms));
+        let pid = shaping.unwrap()["pid"].as_i64().unwrap() as i32;
+        let rel = fraglab(&dir, &["release"]);
+        assert!(rel.status.success(), "{}", text(&rel));
+        let said = String::from_utf8_lossy(&rel.stderr).into_owned();
+        assert!(!said.contains("os error"), "{said}");
+        let code = frag.wait_for(Duration::from_secs(120)).expect("the daemon's command ends").code();
+        if said.contains("while still shaping") {
+            assert_eq!(code, Some(1), "released before it held: {}", frag.output());
+            assert!(frag.stderr().contains("stopped by `fraglab release`"), "{}", frag.output());
+        } else {
+            // Shaping finished between the status and the release: an ordinary release.
+            assert_eq!(code, Some(0), "{}", frag.output());
+        }
+        assert!(said.contains("restored vm.percpu_pagelist_high_fraction"), "{said}");
+        wait_until(Duration::from_secs(30), "the daemon exits", || vm_lck(pid) == 0);
+        assert_eq!(sysctls_at_rest(&dir), before, "sysctls after a release at {after_ms} ms");
+    }
+}
+
+/// SIGINT (Ctrl-C) while a foreground whole-machine fragmenter shapes: the same clean stop.
+#[test]
+fn sigint_while_shaping_stops_it_and_gives_everything_back() {
+    let _s = serial();
+    let dir = scratch("sigint");
+    let before = sysctls_at_rest(&dir);
+    let reserve = reserve_leaving(3 * 1024 * MIB, 123);
+    let mut frag = Running::spawn(
+        command(&dir).args(["fragment", "--max-free-order", "4", "--reserve", &reserve]),
+        &dir,
+    );
+    wait_until(Duration::from_secs(600), "the fragmenter answers status while shaping", || {
+        assert!(frag.running(), "it ended before shaping: {}", frag.output());
+        status(&dir).is_some_and(|s| s["shaping"].is_string())
+    });
+    frag.signal(Signal::SIGINT);
+    let code = frag.wait_for(Duration::from_secs(120)).expect("SIGINT ends it").code();
+    let err = frag.stderr();
+    if err.contains("stopped by a signal") {
+        assert_eq!(code, Some(1), "{}", frag.output());
+        assert!(err.contains("nothing is held"), "{err}");
+    } else {
+        assert_eq!(code, Some(0), "held by the time the signal came, then released: {}", frag.output());
+    }
+    assert_eq!(vm_lck(frag.pid()), 0);
+    assert_eq!(sysctls_at_rest(&dir), before);
+}
