@@ -19,6 +19,9 @@ struct Chunk {
     map: MmapMut,
     /// Index of this chunk's first page in the arena.
     first_page: usize,
+    /// Pages still mapped in: after a cut a chunk keeps only a fraction of its pages, and giving it
+    /// back frees only those.
+    resident: usize,
 }
 
 /// All memory the fragmenter holds, addressed by page index across chunks.
@@ -56,7 +59,7 @@ impl Arena {
         if self.locked {
             lock(&map)?;
         }
-        self.chunks.push(Chunk { map, first_page: self.pages });
+        self.chunks.push(Chunk { map, first_page: self.pages, resident: len / PAGE_SIZE });
         self.pages += len / PAGE_SIZE;
         Ok(len / PAGE_SIZE)
     }
@@ -120,27 +123,36 @@ impl Arena {
             let mut s = start;
             while s < end {
                 let ci = self.chunks.partition_point(|c| c.first_page <= s) - 1;
-                let c = &self.chunks[ci];
+                let c = &mut self.chunks[ci];
                 let chunk_end = c.first_page + c.map.len() / PAGE_SIZE;
                 let e = end.min(chunk_end);
                 let base = c.map.as_ptr() as usize + (s - c.first_page) * PAGE_SIZE;
                 iovecs.push(libc::iovec { iov_base: base as *mut _, iov_len: (e - s) * PAGE_SIZE });
+                // The runs a cut frees are disjoint, so each page is counted out once.
+                c.resident = c.resident.saturating_sub(e - s);
                 s = e;
             }
         }
         madvise_many(&iovecs, advice)
     }
 
-    /// Give back whole chunks from the end until at least `bytes` are returned, or nothing is left.
-    /// Returns the bytes given back.
+    /// Give back whole chunks from the end until at least `bytes` of resident memory are returned,
+    /// or nothing is left. Returns the resident bytes given back: after a cut a 64 MiB chunk may
+    /// hold 4 MiB, and counting its mapping would stop the guard after freeing a sixteenth of what
+    /// it meant to.
     pub fn shrink(&mut self, bytes: u64) -> u64 {
         let mut given = 0;
         while given < bytes {
             let Some(c) = self.chunks.pop() else { break };
-            given += c.map.len() as u64;
+            given += (c.resident * PAGE_SIZE) as u64;
             self.pages = c.first_page;
         }
         given
+    }
+
+    /// Bytes still mapped in.
+    pub fn resident_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| (c.resident * PAGE_SIZE) as u64).sum()
     }
 
     /// Unmap everything.

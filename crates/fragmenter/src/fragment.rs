@@ -445,7 +445,9 @@ impl Fragmenter {
         if avail >= self.plan.floor || (self.arena.pages() == 0 && self.fill.bytes() == 0) {
             return Ok(None);
         }
-        let want = self.plan.reserve.saturating_sub(avail).max(CHUNK);
+        // Enough for the reserve and the floor both, counted in memory really freed (a chunk after
+        // the cut holds a fraction of its mapping): one pass answers the pressure.
+        let want = self.plan.reserve.max(self.plan.floor).saturating_sub(avail).max(CHUNK);
         let given = self.arena.shrink(want);
         // Pipe pages (whole-machine mode) are unmovable and keep the reserve broken up, so they go
         // last — but they go: hundreds of MiB the OOM killer would otherwise have to find.
