@@ -20,6 +20,11 @@ pub const SOCKET: &str = "fraglab.sock";
 /// A request is one short line; anything longer is refused rather than buffered.
 pub const MAX_REQUEST: usize = 4096;
 
+/// How long the fragmenter waits for a connected peer's request line.
+const REQUEST_WAIT: Duration = Duration::from_secs(2);
+/// How long [`call`] waits for the fragmenter's reply.
+const REPLY_WAIT: Duration = Duration::from_secs(30);
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum Request {
@@ -60,14 +65,16 @@ pub fn serve_pending(listener: &UnixListener, mut answer: impl FnMut(&Request) -
 
 fn read_request(stream: &UnixStream) -> Result<Request> {
     stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_read_timeout(Some(REQUEST_WAIT))?;
     let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)?;
     let me = nix::unistd::geteuid().as_raw();
     if cred.uid() != 0 && cred.uid() != me {
         bail!("peer uid {} (pid {}) may not control this fraglab", cred.uid(), cred.pid());
     }
     let mut line = String::new();
-    BufReader::new(stream.take(MAX_REQUEST as u64 + 1)).read_line(&mut line)?;
+    BufReader::new(stream.take(MAX_REQUEST as u64 + 1))
+        .read_line(&mut line)
+        .map_err(|e| within("no request", REQUEST_WAIT, e))?;
     if line.len() > MAX_REQUEST {
         bail!("request longer than {MAX_REQUEST} bytes");
     }
@@ -78,18 +85,69 @@ fn read_request(stream: &UnixStream) -> Result<Request> {
 
 /// Send one request to the fragmenter holding `dir` and return its reply.
 pub fn call(dir: &Path, req: &Request) -> Result<serde_json::Value> {
+    call_within(dir, req, REPLY_WAIT)
+}
+
+fn call_within(dir: &Path, req: &Request, wait: Duration) -> Result<serde_json::Value> {
     let path = dir.join(SOCKET);
     let stream = UnixStream::connect(&path)
         .with_context(|| format!("no fraglab is holding memory (cannot connect to {})", path.display()))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.set_read_timeout(Some(wait))?;
     let mut s = &stream;
     writeln!(s, "{}", serde_json::to_string(req)?)?;
     let mut line = String::new();
-    BufReader::new(&stream).read_line(&mut line)?;
+    BufReader::new(&stream)
+        .read_line(&mut line)
+        .map_err(|e| within(&format!("no reply from {}", path.display()), wait, e))?;
     let reply: serde_json::Value = serde_json::from_str(&line)
         .with_context(|| format!("bad reply from {}: {line:?}", path.display()))?;
     if reply["ok"] != true {
         bail!("fraglab answered: {}", reply["error"]);
     }
     Ok(reply)
+}
+
+/// A read that hit its timeout says so and names the bound (the bare error is "Resource temporarily
+/// unavailable"); any other error is kept as it is.
+fn within(what: &str, bound: Duration, e: std::io::Error) -> anyhow::Error {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            anyhow::anyhow!("{what} within the {} bound", humantime::format_duration(bound))
+        }
+        _ => anyhow::Error::new(e).context(what.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fragmenter that accepts but never answers: the caller stops at its bound and says which.
+    #[test]
+    fn a_silent_fragmenter_is_named_with_the_bound() {
+        let dir = std::env::temp_dir().join(format!("fraglab-control-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let listener = listen(&dir).unwrap();
+        let err = call_within(&dir, &Request::Status, Duration::from_millis(200)).unwrap_err();
+        // Accepted only now: the connection sat in the backlog, never answered, as a stuck one would.
+        let accepted = listener.accept().is_ok();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(accepted);
+        let text = format!("{err:#}");
+        assert!(text.starts_with("no reply from ") && text.ends_with("within the 200ms bound"), "{text}");
+    }
+
+    /// A peer that connects and sends nothing gets an error reply naming the bound.
+    #[test]
+    fn a_silent_peer_is_answered_with_the_bound() {
+        let dir = std::env::temp_dir().join(format!("fraglab-control-peer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let listener = listen(&dir).unwrap();
+        let client = UnixStream::connect(dir.join(SOCKET)).unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        let err = read_request(&stream).unwrap_err();
+        drop(client);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(format!("{err:#}"), "no request within the 2s bound");
+    }
 }

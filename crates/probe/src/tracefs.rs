@@ -42,6 +42,10 @@ pub const DEFAULT_ROOT: &str = "/sys/kernel/tracing";
 pub const FAILED_PFN: u64 = u64::MAX;
 /// How long a failure waits for its `<stack trace>` entry before it is handed out without one.
 const STACK_WAIT: Duration = Duration::from_secs(1);
+/// How long the reader drains trace_pipe once the catcher stops. The events are disabled first, so
+/// what is left is at most the instance's buffer, read in well under this; events that keep coming
+/// (their disable failed) would otherwise keep the reader, and `stop`, forever.
+const DRAIN_BOUND: Duration = Duration::from_secs(5);
 
 /// The filter that keeps failed allocations of order ≥ `min_order`.
 pub fn failure_filter(min_order: u32) -> String {
@@ -803,7 +807,7 @@ impl Catcher {
             let (stop, shared) = (Arc::clone(&stop), Arc::clone(&shared));
             std::thread::Builder::new()
                 .name("fraglab-tracefs".into())
-                .spawn(move || read_pipe(pipe, &pipe_path, &stop, &shared))
+                .spawn(move || read_pipe(pipe, &pipe_path, &stop, &shared, DRAIN_BOUND))
                 .map_err(|source| Error::Io { path: dir.join("trace_pipe"), source })?
         };
         Ok(Catcher {
@@ -921,12 +925,22 @@ impl Drop for Catcher {
     }
 }
 
-/// The reader thread: poll, read whole entries, parse; after `stop`, read until the pipe is empty.
-fn read_pipe(mut pipe: File, path: &Path, stop: &AtomicBool, shared: &Mutex<Shared>) {
+/// The reader thread: poll, read whole entries, parse; after `stop`, read until the pipe is empty,
+/// for at most `drain_bound` (past it, the error says so).
+fn read_pipe(mut pipe: File, path: &Path, stop: &AtomicBool, shared: &Mutex<Shared>, drain_bound: Duration) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut partial = String::new();
+    let mut stopped_at = None;
     loop {
         let stopping = stop.load(Ordering::SeqCst);
+        if stopping && stopped_at.get_or_insert_with(Instant::now).elapsed() > drain_bound {
+            shared.lock().unwrap_or_else(|p| p.into_inner()).error = Some(format!(
+                "still not empty {} after the catcher stopped (events still coming: not disabled?); stopped \
+                 reading",
+                humantime::format_duration(drain_bound)
+            ));
+            return;
+        }
         let mut pfd = libc::pollfd { fd: pipe.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // The timeout bounds both the stop latency and, if poll waits for a fuller buffer on some
         // kernel, how late an event is read.
@@ -1616,6 +1630,23 @@ mod tests {
                 TracefsMount { id: 46, path: PathBuf::from("/sys/kernel/tracing"), unique: None },
                 TracefsMount { id: 51, path: PathBuf::from("/mnt/my trace"), unique: None }
             ]
+        );
+    }
+
+    /// A source that never runs dry — as trace_pipe would if its events could not be disabled — ends
+    /// the drain at its bound, which the error names. /dev/zero is such a source.
+    #[test]
+    fn the_drain_after_stop_is_bounded() {
+        let zero = File::open("/dev/zero").unwrap();
+        let shared = Mutex::new(Shared::default());
+        read_pipe(zero, Path::new("/dev/zero"), &AtomicBool::new(true), &shared, Duration::from_millis(200));
+        let error = shared.into_inner().unwrap().error;
+        assert_eq!(
+            error.as_deref(),
+            Some(
+                "still not empty 200ms after the catcher stopped (events still coming: not disabled?); stopped \
+                 reading"
+            )
         );
     }
 

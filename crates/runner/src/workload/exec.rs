@@ -10,10 +10,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -29,8 +30,12 @@ use crate::units::{format_size, parse_duration, parse_size};
 /// Between SIGTERM and SIGKILL to the command's process group.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long the output may stay open after the command exited (held by processes it left behind)
-/// before those are killed.
+/// before those are killed; and, once they are, how long before reading stops regardless (a process
+/// that left the group — setsid, a daemon — is out of reach of the group's SIGKILL).
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// How long after the SIGKILL the command may go unreaped before fraglab gives up on it: a process
+/// stuck in the kernel (state D) dies only when its call returns, which may be never.
+const REAP_BOUND: Duration = Duration::from_secs(10);
 /// Longest stretch of a line without a newline that is scanned as one line.
 const MAX_LINE: usize = 64 << 10;
 
@@ -124,9 +129,10 @@ pub fn run(args: &ExecArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let started = wall_now();
     let mut child = command.spawn().with_context(|| format!("cannot run `{program}`"))?;
     let pid = child.id() as libc::pid_t;
+    let abandon = Arc::new(AtomicBool::new(false));
     let readers = [
-        spawn_reader(child.stdout.take().expect("piped"), start, keep),
-        spawn_reader(child.stderr.take().expect("piped"), start, keep),
+        spawn_reader(child.stdout.take().expect("piped"), start, keep, Arc::clone(&abandon)),
+        spawn_reader(child.stderr.take().expect("piped"), start, keep, Arc::clone(&abandon)),
     ];
     // The child is reaped with wait4() below (for its rusage), never through `child`.
     drop(child);
@@ -140,9 +146,10 @@ pub fn run(args: &ExecArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let mut interrupted = None;
     let mut stopped = false;
     let mut stopping = Stop::Running;
-    let (status, usage) = loop {
+    // `None`: still not reaped REAP_BOUND after the SIGKILL.
+    let reaped = loop {
         match done_rx.recv_timeout(Duration::from_millis(20)) {
-            Ok(r) => break r.context("wait4 on the command failed")?,
+            Ok(r) => break Some(r.context("wait4 on the command failed")?),
             Err(mpsc::RecvTimeoutError::Disconnected) => bail!("lost the command's waiter thread"),
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
@@ -163,26 +170,43 @@ pub fn run(args: &ExecArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
             }
             Stop::Terminating(kill_at) if now >= kill_at => {
                 kill_group(pid, libc::SIGKILL);
-                stopping = Stop::Killed;
+                stopping = Stop::Killed(now + REAP_BOUND);
             }
-            Stop::Terminating(_) | Stop::Killed => {}
+            Stop::Killed(give_up) if now >= give_up => break None,
+            Stop::Terminating(_) | Stop::Killed(_) => {}
         }
     };
     let duration = start.elapsed();
 
     // Processes the command left in its group may hold the output open: give them a moment, then
-    // kill them so the readers see EOF.
+    // kill them so the readers see EOF. One outside the group is out of reach: after another moment
+    // the readers stop regardless, and the result says which stream was still open.
     let mut notes = Vec::new();
-    let drain_until = Instant::now() + DRAIN_GRACE;
-    while readers.iter().any(|r| !r.is_finished()) && Instant::now() < drain_until {
-        thread::sleep(Duration::from_millis(10));
+    let unreaped = reaped.is_none();
+    let (status, usage) = reaped.unwrap_or_default();
+    if unreaped {
+        notes.push(format!(
+            "still not reaped {} s after SIGKILL to its process group (pid {pid}, state {}: stuck in the \
+             kernel); gave up waiting and left it: no exit status or rusage",
+            REAP_BOUND.as_secs(),
+            proc_state(pid)
+        ));
     }
-    if readers.iter().any(|r| !r.is_finished()) {
+    let drained = |until: Instant| {
+        while readers.iter().any(|r| !r.is_finished()) && Instant::now() < until {
+            thread::sleep(Duration::from_millis(10));
+        }
+        readers.iter().all(|r| r.is_finished())
+    };
+    if !drained(Instant::now() + DRAIN_GRACE) {
         kill_group(pid, libc::SIGKILL);
         notes.push(
             "processes the command left behind kept its output open after it exited; killed its process group"
                 .to_string(),
         );
+        if !drained(Instant::now() + DRAIN_GRACE) {
+            abandon.store(true, Ordering::Relaxed);
+        }
     }
     let mut outputs = Vec::new();
     for r in readers {
@@ -194,6 +218,13 @@ pub fn run(args: &ExecArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let mut details = BTreeMap::new();
     let mut alloc_failure_lines = 0;
     for (name, out) in ["stdout", "stderr"].into_iter().zip(outputs) {
+        if out.abandoned {
+            notes.push(format!(
+                "{name}: still open {} s after its process group was killed (held by a process outside the \
+                 group: setsid, a daemon); stopped reading it there",
+                DRAIN_GRACE.as_secs()
+            ));
+        }
         details.insert(name.to_string(), json!(String::from_utf8_lossy(&out.tail)));
         details.insert(format!("{name}_bytes"), json!(out.bytes));
         if out.bytes > out.tail.len() as u64 {
@@ -209,8 +240,10 @@ pub fn run(args: &ExecArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     if alloc_failure_lines > 0 {
         details.insert("page_allocation_failure_lines".into(), json!(alloc_failure_lines));
     }
-    let exited_ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-    if libc::WIFEXITED(status) {
+    let exited_ok = !unreaped && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    if unreaped {
+        details.insert("unreaped".into(), json!(true));
+    } else if libc::WIFEXITED(status) {
         details.insert("exit_code".into(), json!(libc::WEXITSTATUS(status)));
     } else if libc::WIFSIGNALED(status) {
         let sig = libc::WTERMSIG(status);
@@ -273,7 +306,18 @@ enum Stop {
     Running,
     /// SIGTERM sent; SIGKILL at this instant.
     Terminating(Instant),
-    Killed,
+    /// SIGKILL sent; given up on at this instant if still not reaped.
+    Killed(Instant),
+}
+
+/// The state letter of `pid` in /proc (`D`: uninterruptible sleep), or `?`.
+fn proc_state(pid: libc::pid_t) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(") ").and_then(|(_, rest)| rest.split_whitespace().next().map(String::from))
+        })
+        .unwrap_or_else(|| "?".into())
 }
 
 /// What one output stream produced.
@@ -282,16 +326,26 @@ struct Output {
     bytes: u64,
     errors: Errors,
     alloc_failure_lines: u64,
+    /// Reading stopped at `abandon`, the stream still open.
+    abandoned: bool,
 }
 
+/// Read `stream` to its end, or until `abandon` is raised: it is looked at between reads, which
+/// wait in poll() so a stream that stays open and silent cannot keep the thread.
 fn spawn_reader(
-    mut stream: impl Read + Send + 'static,
+    mut stream: impl Read + AsRawFd + Send + 'static,
     start: Instant,
     keep: usize,
+    abandon: Arc<AtomicBool>,
 ) -> thread::JoinHandle<Output> {
     thread::spawn(move || {
-        let mut out =
-            Output { tail: Vec::new(), bytes: 0, errors: Errors::new(start), alloc_failure_lines: 0 };
+        let mut out = Output {
+            tail: Vec::new(),
+            bytes: 0,
+            errors: Errors::new(start),
+            alloc_failure_lines: 0,
+            abandoned: false,
+        };
         let mut tail: VecDeque<u8> = VecDeque::new();
         let mut line: Vec<u8> = Vec::new();
         let mut buf = vec![0u8; 16 << 10];
@@ -305,6 +359,19 @@ fn spawn_reader(
             }
         };
         loop {
+            if abandon.load(Ordering::Relaxed) {
+                out.abandoned = true;
+                break;
+            }
+            let mut pfd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: poll on one pollfd we own, for a descriptor `stream` keeps open.
+            match unsafe { libc::poll(&mut pfd, 1, 100) } {
+                0 => continue,
+                n if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
+                n if n < 0 => break,
+                // Readable, at end of stream or in error: the read below says which without blocking.
+                _ => {}
+            }
             let n = match stream.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => n,
@@ -380,7 +447,7 @@ pub(crate) fn signal_name(sig: libc::c_int) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+    use std::path::Path;
 
     #[test]
     fn recognises_allocation_failures() {
@@ -420,6 +487,36 @@ mod tests {
         let note = r.notes.last().unwrap();
         assert!(note.starts_with("stopped by a signal after 0.") && note.contains("SIGTERM"), "{note}");
         assert!(!r.notes.iter().any(|n| n.contains("left behind")), "{:?}", r.notes);
+    }
+
+    /// A process that left the command's group (setsid) keeps its stdout open after the command
+    /// exits, out of reach of the group's SIGKILL: reading stops after the grace periods, and the
+    /// result names the stream and the bound instead of waiting for that process.
+    #[test]
+    fn output_held_open_outside_the_group_is_given_up_on() {
+        let args = ExecArgs {
+            timeout: "60s".into(),
+            keep_output: "64KiB".into(),
+            // setsid, not a group leader here, calls setsid() and execs sleep: $! is the sleep, which holds
+            // stdout only.
+            command: ["sh", "-c", "setsid sleep 600 2>/dev/null & echo $!"].map(String::from).to_vec(),
+        };
+        let r = run(&args, &AtomicBool::new(false)).unwrap();
+        let escapee: libc::pid_t = r.details["stdout"].as_str().unwrap().trim().parse().unwrap();
+        let alive = Path::new(&format!("/proc/{escapee}")).exists();
+        // SAFETY: kill() of the sleep this test started.
+        unsafe { libc::kill(escapee, libc::SIGKILL) };
+        assert!(alive, "the setsid'd sleep outlived the group's SIGKILL, as the test needs");
+        assert_eq!(r.details["exit_code"], 0);
+        assert_eq!(r.ok, 1);
+        let note = r.notes.iter().find(|n| n.starts_with("stdout: still open")).unwrap_or_else(|| {
+            panic!("no note on the stdout held open: {:?}", r.notes);
+        });
+        assert!(
+            note.contains(&format!("{} s after its process group was killed", DRAIN_GRACE.as_secs())),
+            "{note}"
+        );
+        assert!(!r.notes.iter().any(|n| n.starts_with("stderr: still open")), "{:?}", r.notes);
     }
 
     /// Under `fraglab run` a signal may be seen pending on the workload's thread (which defers it)

@@ -1009,8 +1009,14 @@ fn serve_data(sock: &Sock, r: &Received, reply: &mut Vec<u8>, sh: &Shared) {
 
 fn serve_one_to_one(listener: Sock, opts: ServerOpts, sh: Arc<Shared>) {
     let mut conns: Vec<JoinHandle<()>> = Vec::new();
+    let mut stopping_since: Option<Instant> = None;
     loop {
         let stopping = sh.stop.load(Ordering::SeqCst);
+        if stopping && stopping_since.get_or_insert_with(Instant::now).elapsed() > SERVER_GRACE {
+            // A peer that keeps connecting keeps the listener readable: past the grace period stop
+            // accepting regardless, as serve_one_to_many stops reading.
+            break;
+        }
         match listener.readable(SERVER_TICK.as_millis() as c_int) {
             Ok(true) => {}
             // Nothing left to accept: stop now if asked to before this wait.
@@ -1025,8 +1031,11 @@ fn serve_one_to_one(listener: Sock, opts: ServerOpts, sh: Arc<Shared>) {
         let conn = match listener.accept() {
             Ok(c) => c,
             Err(e) if would_block(&e) => continue,
+            // Out of descriptors or memory, with the connection still queued: the listener stays
+            // readable, so without a pause this would spin, as the TCP server's acceptor does not.
             Err(e) => {
                 sh.record(&e);
+                std::thread::sleep(SERVER_TICK);
                 continue;
             }
         };
@@ -1046,7 +1055,8 @@ fn serve_one_to_one(listener: Sock, opts: ServerOpts, sh: Arc<Shared>) {
         }
         conns.retain(|h| !h.is_finished());
     }
-    let deadline = Instant::now() + SERVER_GRACE;
+    // One grace period for the whole stop, accepting included.
+    let deadline = stopping_since.unwrap_or_else(Instant::now) + SERVER_GRACE;
     while conns.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }

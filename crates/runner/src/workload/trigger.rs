@@ -978,9 +978,11 @@ impl TriggerLock {
                 let holder = read_record(&mut file);
                 let field = |k: &str| holder.as_ref().map_or("?".to_string(), |h| h[k].to_string());
                 bail!(
-                    "another trigger (pid {}) is changing sysctls journaled in {}; wait for it to finish",
+                    "another trigger (pid {}) is changing sysctls journaled in {}, still after waiting {}; \
+                     wait for it to finish",
                     field("pid"),
-                    field("run_dir")
+                    field("run_dir"),
+                    humantime::format_duration(wait)
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
