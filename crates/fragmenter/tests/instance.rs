@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fraglab_fragmenter::instance::{Instance, LOCK_FILE};
 use fraglab_fragmenter::sysctl::{self, Entry, Journal};
@@ -85,9 +85,20 @@ fn a_dead_holders_journal_is_recovered_from_another_run_dir() {
     assert!(!dead.join(Journal::FILE).exists(), "the dead holder's journal is still there");
     assert!(!other.exists(), "recovery created the recovering command's run directory");
     assert!(Instance::holder().is_none_or(|h| h.run_dir.as_deref() != Some(dead.as_path())));
-    // Nothing left to do: the next command neither restores nor blocks.
-    let t = Instant::now();
+    // Nothing left to do: the next command neither restores nor blocks — not even while another
+    // fraglab holds the lock (here this test, on another descriptor): a call that waited for the
+    // lock could only return after `holding` is dropped, so its answer arriving first shows it did
+    // not wait. The bound is a hang guard for a call that does.
     assert!(Instance::recover_if_stale(&other).unwrap().0.is_empty());
-    assert!(t.elapsed() < Duration::from_secs(1));
+    let (holding, _) = Instance::acquire_wait(&dead, "holds", LOCK_WAIT).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let other2 = other.clone();
+    std::thread::spawn(move || tx.send(Instance::recover_if_stale(&other2).map(|r| r.0)).unwrap());
+    let restored = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("recover_if_stale waited for a held lock (60 s hang guard)");
+    assert!(restored.unwrap().is_empty(), "nothing to restore while another holds");
+    drop(holding);
+    assert!(!other.exists(), "recovery created the recovering command's run directory");
     let _ = std::fs::remove_dir_all(&dead);
 }

@@ -2,6 +2,8 @@
 //! byte, both from a capture and live; the formulas match hand-worked examples; the debugfs parser
 //! accepts exactly what the kernel prints.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -197,13 +199,11 @@ fn live_rounds(rounds: usize) -> Result<Vec<[String; 4]>, String> {
 #[test]
 fn live_matches_debugfs() {
     if effective_uid() != Some(0) {
-        println!("skipped: mounting debugfs needs root");
-        return;
+        return common::skip("mounting debugfs needs root");
     }
     let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
     if !filesystems.lines().any(|l| l.split_whitespace().last() == Some("debugfs")) {
-        println!("skipped: this kernel has no debugfs");
-        return;
+        return common::skip("this kernel has no debugfs");
     }
     let mut matched: Vec<(u32, String)> = Vec::new();
     let mut all_zones: Vec<(u32, String)> = Vec::new();
@@ -211,10 +211,7 @@ fn live_matches_debugfs() {
     for _ in 0..5 {
         let rounds = match live_rounds(20) {
             Ok(r) => r,
-            Err(reason) => {
-                println!("skipped: {reason}");
-                return;
-            }
+            Err(reason) => return common::skip(reason),
         };
         for [before, unusable, extfrag, after] in rounds {
             let before = BuddyInfo::parse(&before, "/proc/buddyinfo").unwrap();

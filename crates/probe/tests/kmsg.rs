@@ -1,6 +1,8 @@
 //! The kernel-log parser on real reports (captures/kmsg/README.md names every source), the record
 //! format of this machine's /dev/kmsg, and property tests: no line makes it panic.
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -316,8 +318,7 @@ fn prefixes_people_save_logs_with() {
 #[test]
 fn watcher_reads_only_new_records() {
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: /dev/kmsg needs root");
-        return;
+        return common::skip("/dev/kmsg needs root");
     }
     let mut w = KmsgWatcher::open().unwrap();
     let before = w.read_available().unwrap();

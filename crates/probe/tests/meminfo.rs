@@ -178,10 +178,13 @@ fn live_free_table_matches_free() {
         let before = FreeTable::read().unwrap();
         let out = match Command::new("free").arg("-k").output() {
             Ok(out) if out.status.success() => String::from_utf8(out.stdout).unwrap(),
-            _ => {
-                eprintln!("`free -k` not runnable here; skipping");
-                return;
+            Ok(out) => {
+                let why =
+                    format!("`free -k` failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+                return common::skip(why);
             }
+            // procps provides it; scripts/test installs procps when it is missing.
+            Err(e) => return common::skip(format!("`free -k` not runnable here (procps): {e}")),
         };
         let after = FreeTable::read().unwrap();
         let theirs = FreeTable::parse_free_output(&out, "free -k").unwrap()[0];

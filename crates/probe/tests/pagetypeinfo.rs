@@ -2,6 +2,8 @@
 //! buddyinfo captured beside them, the live file reads as root, and no input — random or a mangled
 //! capture — makes the parser panic.
 
+mod common;
+
 use std::path::Path;
 
 use fraglab_probe::buddyinfo::BuddyInfo;
@@ -237,8 +239,7 @@ fn live_pagetypeinfo() {
     let p = match PageTypeInfo::read() {
         Ok(p) => p,
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::PermissionDenied => {
-            println!("skipped: /proc/pagetypeinfo is root-only (mode 0400) and this test is not root");
-            return;
+            return common::skip("/proc/pagetypeinfo is root-only (mode 0400) and this test is not root");
         }
         Err(e) => panic!("{e}"),
     };

@@ -100,8 +100,7 @@ fn live_slabinfo() {
     let s = match SlabInfo::read() {
         Ok(s) => s,
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::PermissionDenied => {
-            eprintln!("/proc/slabinfo needs root; skipping");
-            return;
+            return common::skip("/proc/slabinfo needs root");
         }
         Err(e) => panic!("{e}"),
     };

@@ -7,6 +7,8 @@
 //! own thread prove the plumbing (same event, same parser, a filter with `common_pid`); the failure
 //! filter itself is proven by the kernel accepting it and reading it back.
 
+mod common;
+
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -158,7 +160,7 @@ static HOST: Mutex<()> = Mutex::new(());
 
 fn root_or_skip() -> Option<std::sync::MutexGuard<'static, ()>> {
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: tracefs needs root");
+        common::skip("tracefs needs root");
         return None;
     }
     Some(HOST.lock().unwrap_or_else(|p| p.into_inner()))
@@ -174,11 +176,22 @@ fn tracefs_mounts() -> Vec<PathBuf> {
         .collect()
 }
 
+/// How long a test waits, under `FRAGLAB_REQUIRE_ALL=1`, for another fraglab process to stop using
+/// tracefs — as long as a fraglab started by a test queues for the instance lock.
+const BUSY_WAIT: Duration = Duration::from_secs(600);
+
 /// How tracefs is mounted before a test's catchers start: `(foreign, others)`. `foreign`: mounted,
 /// and not by fraglab (the marker does not name this mount), so it must stay mounted; otherwise the
 /// last catcher to stop unmounts it — unless `others`: another fraglab process is using tracefs
-/// now, and then that one is the last. Asked the way fraglab asks, under `tracefs.lock`.
+/// now, and then that one is the last and the mount checks are left out. Under
+/// `FRAGLAB_REQUIRE_ALL=1` leaving them out is not allowed: the test first waits (at most
+/// [`BUSY_WAIT`]) for the other users to go.
 fn mount_before() -> (bool, bool) {
+    if common::require_all() {
+        common::wait_until_idle(BUSY_WAIT, || {
+            other_fraglab_users().then(|| "another fraglab process is using tracefs now".to_string())
+        });
+    }
     let marker_id = std::fs::read_to_string(MOUNT_MARKER)
         .unwrap_or_default()
         .lines()
@@ -189,18 +202,24 @@ fn mount_before() -> (bool, bool) {
         (tracefs && f[4] == DEFAULT_ROOT).then(|| f[0].parse::<u64>().unwrap())
     });
     let foreign = !tracefs_mounts().is_empty() && (here.is_none() || here != marker_id);
-    std::fs::create_dir_all(LOCK_DIR).unwrap();
-    let open = |p| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p);
-    let gate = open(MOUNT_LOCK).unwrap();
-    assert_eq!(unsafe { libc::flock(gate.as_raw_fd(), libc::LOCK_EX) }, 0);
-    let users = open(USERS_LOCK).unwrap();
-    let others = unsafe { libc::flock(users.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0;
+    let others = other_fraglab_users();
     if others {
         eprintln!(
             "another fraglab process is using tracefs: the mount state after the test is its to decide"
         );
     }
     (foreign, others)
+}
+
+/// Another process holds `tracefs.users`, i.e. has a catcher running. Asked the way fraglab asks:
+/// under `tracefs.lock`, so a fraglab leaving at this moment is not misled.
+fn other_fraglab_users() -> bool {
+    std::fs::create_dir_all(LOCK_DIR).unwrap();
+    let open = |p| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p);
+    let gate = open(MOUNT_LOCK).unwrap();
+    assert_eq!(unsafe { libc::flock(gate.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let users = open(USERS_LOCK).unwrap();
+    unsafe { libc::flock(users.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
 }
 
 /// One `read()`: tracefs `filter` files answer only the read at offset 0 (see tracefs.rs).

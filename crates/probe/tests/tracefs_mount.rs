@@ -6,7 +6,10 @@
 //! The other processes are this test binary re-executed (`helper_catcher_process`, ignored in a
 //! normal run): each starts a catcher, says so on stdout, stops it when told on stdin and says
 //! whether it unmounted tracefs. The tests share the machine's mount state, so they run one at a
-//! time (`HOST`), and they skip when another fraglab process is using tracefs right now.
+//! time (`HOST`), and they skip when another fraglab process is using tracefs right now — or, under
+//! `FRAGLAB_REQUIRE_ALL=1` (CI), wait for it to finish (at most [`BUSY_WAIT`]) and fail if it does not.
+
+mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
@@ -15,6 +18,10 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+/// How long a test waits, under `FRAGLAB_REQUIRE_ALL=1`, for another fraglab process to stop using
+/// tracefs — as long as a fraglab started by a test queues for the instance lock.
+const BUSY_WAIT: Duration = Duration::from_secs(600);
 
 use fraglab_probe::tracefs::{Catcher, DEFAULT_ROOT, LOCK_DIR, MOUNT_LOCK, MOUNT_MARKER, USERS_LOCK};
 
@@ -226,27 +233,30 @@ enum Start {
 }
 
 /// The machine, to a test that may change its mount state: `None` (skip) while another fraglab
-/// uses tracefs. A dead fraglab's leftover mount is cleaned first, by the rule itself.
+/// uses tracefs — under `FRAGLAB_REQUIRE_ALL=1`, a wait for it instead (see [`BUSY_WAIT`]). A dead
+/// fraglab's leftover mount is cleaned first, by the rule itself.
 fn host() -> Option<(MutexGuard<'static, ()>, Start)> {
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: tracefs needs root");
+        common::skip("tracefs needs root");
         return None;
     }
     let g = HOST.lock().unwrap_or_else(|p| p.into_inner());
-    if other_fraglab_users() {
-        eprintln!("skipped: another fraglab process is using tracefs now");
-        return None;
-    }
-    // A fraglab without this rule (an older build) running now: its instance has a live pid.
-    if mounted() {
+    let idle = common::wait_until_idle(BUSY_WAIT, || {
+        if other_fraglab_users() {
+            return Some("another fraglab process is using tracefs now".to_string());
+        }
+        // A fraglab without this rule (an older build) running now: its instance has a live pid.
+        if !mounted() {
+            return None;
+        }
         let live: Vec<String> = fraglab_instances()
             .into_iter()
             .filter(|n| n.split('-').nth(1).is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists()))
             .collect();
-        if !live.is_empty() {
-            eprintln!("skipped: fraglab catchers of live processes: {live:?}");
-            return None;
-        }
+        (!live.is_empty()).then(|| format!("fraglab catchers of live processes: {live:?}"))
+    });
+    if !idle {
+        return None;
     }
     if mounted() && Path::new(MOUNT_MARKER).exists() {
         Catcher::start(5).unwrap().stop().unwrap();
@@ -398,9 +408,11 @@ fn unique_mount_id() -> Option<u64> {
 #[test]
 fn a_sigkilled_fraglab_is_cleaned_up_by_the_next_last_user() {
     let Some((_g, start)) = host() else { return };
-    if start != Start::Unmounted {
-        eprintln!("skipped: tracefs is mounted by someone else, so no fraglab mounts it here");
-        return;
+    if let Start::Foreign(id) = start {
+        // Not a fraglab (host() waited those out): a user's or systemd's mount, which stays.
+        return common::skip(format!(
+            "tracefs is mounted by someone else (mount id {id}), so no fraglab mounts it here"
+        ));
     }
 
     // Killed while another process runs: that one is the last user.
@@ -435,9 +447,11 @@ fn a_sigkilled_fraglab_is_cleaned_up_by_the_next_last_user() {
 #[test]
 fn a_joined_fraglab_with_nothing_open_keeps_it_mounted() {
     let Some((_g, start)) = host() else { return };
-    if start != Start::Unmounted {
-        eprintln!("skipped: tracefs is mounted by someone else, so no fraglab mounts it here");
-        return;
+    if let Start::Foreign(id) = start {
+        // Not a fraglab (host() waited those out): a user's or systemd's mount, which stays.
+        return common::skip(format!(
+            "tracefs is mounted by someone else (mount id {id}), so no fraglab mounts it here"
+        ));
     }
     let (a, sa) = Helper::start();
     assert!(sa.mounted_tracefs);

@@ -3,6 +3,13 @@
 //! they print why and skip — except the tests of what a user sees there: the EPROTONOSUPPORT error,
 //! and bad options refused before any socket is opened.
 //!
+//! Which run covers which: on the CI host (no SCTP) the tests of the no-SCTP error run and the SCTP
+//! tests skip; `vm.rs`'s `the_sctp_workload_tests_run_in_the_guest` runs this binary in a guest that
+//! has SCTP, where the SCTP tests run and only the no-SCTP error's test skips. Both runs are under
+//! `FRAGLAB_REQUIRE_ALL=1`, and each names the kind of kernel the other covers in
+//! `FRAGLAB_COVERED_ELSEWHERE` (scripts/test: `sctp`; vm.rs: `no-sctp`), so these skips — and no
+//! others — are allowed there.
+//!
 //! In a guest, run this test binary directly; set FRAGLAB_BIN to the `fraglab` binary's path when it
 //! is not where cargo built it.
 
@@ -12,7 +19,7 @@ use std::process::{Command, Output};
 use fraglab::workload::result::WorkloadResult;
 use fraglab::workload::sctp::{self, ConnectArgs, RrArgs, StreamArgs, Style};
 
-const SKIP: &str = "skipping: this kernel has no SCTP (EPROTONOSUPPORT); run in the fraglab vm guest";
+mod common;
 
 /// Try `socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP)` the way a user's kernel would answer it.
 fn kernel_has_sctp() -> bool {
@@ -27,11 +34,15 @@ fn kernel_has_sctp() -> bool {
     false
 }
 
-/// True when the test should run; prints the skip line otherwise.
+/// True when the test should run; skips otherwise (see the module's comment for who covers it).
 fn sctp_or_skip() -> bool {
     let has = kernel_has_sctp();
     if !has {
-        println!("{SKIP}");
+        common::skip_covered_elsewhere(
+            "sctp",
+            "this kernel has no SCTP (EPROTONOSUPPORT)",
+            "vm.rs the_sctp_workload_tests_run_in_the_guest (a guest with SCTP)",
+        );
     }
     has
 }
@@ -52,8 +63,11 @@ fn detail(r: &WorkloadResult, key: &str) -> serde_json::Value {
 #[test]
 fn no_sctp_gives_a_clear_error() {
     if kernel_has_sctp() {
-        println!("skipping: this kernel has SCTP, so the EPROTONOSUPPORT error cannot be seen here");
-        return;
+        return common::skip_covered_elsewhere(
+            "no-sctp",
+            "this kernel has SCTP, so the EPROTONOSUPPORT error cannot be seen here",
+            "the host's run of this binary (a kernel without SCTP, as on the CI machine)",
+        );
     }
     for args in [
         &["workload", "sctp-connect", "--associations", "1"][..],
@@ -167,14 +181,18 @@ fn stream_moves_bytes() {
     }
     let a =
         StreamArgs { threads: 2, duration: "1s".into(), sndbuf: Some("256KiB".into()), ..Default::default() };
+    let t = std::time::Instant::now();
     let r = sctp::stream(&a).unwrap();
+    let took = t.elapsed();
     assert_eq!(r.kind, "sctp-stream");
     assert!(r.bytes > 0 && r.ok > 0 && r.failed == 0, "{r:#?}");
     assert_eq!(r.bytes, r.ok * 12000);
     assert_eq!(detail(&r, "server_bytes"), r.bytes, "the server received every byte sent");
     assert!(r.throughput_mbit.unwrap() > 0.0);
     assert!(r.per_worker.as_ref().unwrap().min > 0.0, "both threads moved data: {:?}", r.per_worker);
-    assert!((0.9..5.0).contains(&r.duration_s), "{}", r.duration_s);
+    // It ran the 1 s asked for, and the window it reports lies within the call (not a time limit:
+    // a TCG guest is slow).
+    assert!(r.duration_s >= 0.9 && r.duration_s <= took.as_secs_f64(), "{} in {took:?}", r.duration_s);
     let cpu = r.cpu.as_ref().unwrap();
     assert!(cpu.util_pct > 0.0 && cpu.service_demand_us_per_kb.unwrap() > 0.0, "{cpu:?}");
 

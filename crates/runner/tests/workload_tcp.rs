@@ -15,6 +15,8 @@ use serde_json::Value;
 
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 
+mod common;
+
 /// A private `--run-dir`, so the binary never touches the journal of a fragmenter someone runs.
 struct Scratch(PathBuf);
 
@@ -86,7 +88,9 @@ fn assert_clean(r: &WorkloadResult) {
 
 #[test]
 fn stream_loopback_receiver_counts_what_the_sender_sent() {
+    let t = Instant::now();
     let r = stream(&stream_args(3, "1s")).unwrap();
+    let took = t.elapsed();
     assert_clean(&r);
     assert_eq!(r.kind, "tcp-stream");
     assert!(r.bytes > 0 && r.ok > 0, "nothing moved: {r:#?}");
@@ -95,7 +99,12 @@ fn stream_loopback_receiver_counts_what_the_sender_sent() {
     assert_eq!(detail(&r, "connections"), 3);
     let _retransmits = detail(&r, "retransmits");
     assert!(r.ok * 16384 <= r.bytes, "ok counts whole 16 KiB messages");
-    assert!((0.99..3.0).contains(&r.duration_s), "duration {}", r.duration_s);
+    // It ran the 1 s asked for, and the window it reports lies within the call.
+    assert!(
+        r.duration_s >= 0.99 && r.duration_s <= took.as_secs_f64(),
+        "duration {} in {took:?}",
+        r.duration_s
+    );
     let expect = r.bytes as f64 * 8.0 / r.duration_s / 1e6;
     let mbit = r.throughput_mbit.unwrap();
     assert!((mbit - expect).abs() <= expect * 1e-9, "{mbit} Mbit/s vs bytes/duration {expect}");
@@ -224,8 +233,29 @@ fn crr_loopback_one_connection_per_transaction() {
     assert!(r.notes.iter().any(|n| n.contains("SO_LINGER 0")), "{:?}", r.notes);
 }
 
+/// Runs `f` on a thread of its own in a network namespace of its own, loopback up: every TCP socket
+/// there is `f`'s, so `ss` run from there sees only them (other tests of this binary run beside it
+/// on the host's loopback). Threads and commands started by that thread share its namespace.
+fn in_own_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare(2) of this thread's network namespace only; no memory is shared.
+            let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+            let up = Command::new("ip").args(["link", "set", "lo", "up"]).status().unwrap();
+            assert!(up.success(), "ip link set lo up: {up}");
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
 /// `fraglab run`'s stop flag (raised by its SIGINT/SIGTERM/SIGHUP handler) ends a 60 s workload of each
-/// kind within a fraction of a second, with what it measured so far and a result that says so.
+/// kind early, with what it measured so far and a result that says it was stopped and how long it
+/// really ran. The flag goes up once the workload's traffic is seen flowing (bytes received on its
+/// sockets), so there is something to report; nothing is timed — a workload that ignored the flag
+/// would run its 60 s and say it was not stopped.
 #[test]
 fn the_run_stop_flag_ends_every_kind_early_and_honestly() {
     type Until = fn(&AtomicBool) -> WorkloadResult;
@@ -236,23 +266,43 @@ fn the_run_stop_flag_ends_every_kind_early_and_honestly() {
     ];
     for (kind, run) in kinds {
         let stop = AtomicBool::new(false);
-        let (r, raised_for) = std::thread::scope(|s| {
-            let raiser = s.spawn(|| {
-                std::thread::sleep(Duration::from_millis(500));
-                stop.store(true, Ordering::Relaxed);
-                Instant::now()
-            });
-            let r = run(&stop);
-            (r, raiser.join().unwrap().elapsed())
+        let (r, flowing, took) = in_own_netns(|| {
+            std::thread::scope(|s| {
+                let raiser = s.spawn(|| {
+                    // A hang guard: if no traffic shows within it, the flag goes up anyway and the
+                    // test fails saying so. The workers finish the transaction they are in, so a
+                    // request seen arriving is a transaction counted.
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    let flowing = loop {
+                        if common::tcp_bytes_received(None) > 0 {
+                            break true;
+                        }
+                        if Instant::now() > deadline {
+                            break false;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    };
+                    stop.store(true, Ordering::Relaxed);
+                    flowing
+                });
+                let t = Instant::now();
+                let r = run(&stop);
+                let took = t.elapsed();
+                (r, raiser.join().unwrap(), took)
+            })
         });
-        eprintln!("{kind}: returned {raised_for:?} after the flag; duration_s {:.3}", r.duration_s);
-        // From the flag to the result: the 10 ms poll, the workers' last operations, the receivers'
-        // counts and the in-process server's stop.
-        assert!(raised_for < Duration::from_millis(500), "{kind}: returned {raised_for:?} after the flag");
+        eprintln!("{kind}: returned after {took:?}; duration_s {:.3}", r.duration_s);
+        assert!(flowing, "{kind}: no bytes received on its sockets within the 30 s hang guard: {r:#?}");
         assert_eq!(r.kind, kind);
         assert_clean(&r);
         assert!(r.ok > 0, "{kind}: it ran until stopped: {r:#?}");
-        assert!((0.4..1.5).contains(&r.duration_s), "{kind}: the real duration, not 60 s: {}", r.duration_s);
+        // The real duration: less than asked for, and no more than the call took.
+        assert!(r.duration_s < 60.0, "{kind}: the real duration, not 60 s: {}", r.duration_s);
+        assert!(
+            r.duration_s <= took.as_secs_f64(),
+            "{kind}: {} s reported, the call took {took:?}",
+            r.duration_s
+        );
         assert_eq!(r.details["stopped_by_signal"], true, "{kind}");
         let note = r.notes.iter().find(|n| n.starts_with("stopped by a signal after ")).expect("the note");
         assert!(note.ends_with(" s of the 60s asked for"), "{kind}: {note}");
@@ -284,7 +334,8 @@ fn refused_connect_is_counted_by_errno_not_an_error() {
         assert_eq!(r.failed, refused, "{}: failed counts the refused connects", r.kind);
         let e = r.errors.iter().find(|e| e.errno == "ECONNREFUSED").unwrap();
         assert_eq!(e.code, libc::ECONNREFUSED);
-        assert!(e.first_seen_s < 0.2, "refused at once, first seen {}", e.first_seen_s);
+        // Refused, not timed out: the errno says so; when is only said to lie within the run.
+        assert!(e.first_seen_s <= r.duration_s, "first seen {} of {} s", e.first_seen_s, r.duration_s);
         assert_eq!(detail(r, "connections"), 0);
     }
     assert_eq!(s.details["receiver_bytes"], 0);
@@ -296,7 +347,8 @@ fn bad_input_names_the_flag_and_opens_no_socket() {
     let sc = Scratch::new("bad");
     let strace = Command::new("strace").arg("-V").output().is_ok_and(|o| o.status.success());
     if !strace {
-        eprintln!("strace not installed: checking messages only, not the absence of socket()");
+        // Half the test: under FRAGLAB_REQUIRE_ALL=1 a failure (scripts/test installs strace).
+        common::skip("strace not installed: checking messages only, not the absence of socket()");
     }
     let cases: &[(&[&str], &str)] = &[
         (&["tcp-stream", "--threads", "0"], "--threads: 0"),
@@ -320,12 +372,12 @@ fn bad_input_names_the_flag_and_opens_no_socket() {
         } else {
             Command::new(FRAGLAB)
         };
-        let t = Instant::now();
+        // Refused before any socket: strace shows none was opened (not a time, which a refusal
+        // after a connect attempt to a dead peer could also meet).
         let out = c.arg("--run-dir").arg(sc.0.join("run")).arg("workload").args(*args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(stderr.contains(want), "{args:?}: stderr {stderr:?} lacks {want:?}");
-        assert!(t.elapsed() < Duration::from_secs(5), "{args:?} took {:?}", t.elapsed());
         if strace {
             let calls = std::fs::read_to_string(&trace).unwrap();
             assert!(
@@ -456,10 +508,17 @@ fn two_hosts_over_veth_serve_and_peer() {
     let server = hosts.server.as_mut().unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::SIGTERM)
         .unwrap();
-    let t = Instant::now();
-    let status = server.wait().unwrap();
+    // It stopped by itself on the signal, with success and its summary (below); the bound is only a
+    // hang guard.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "serve still running 60 s (the hang guard) after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(status.success(), "serve exited {status}");
-    assert!(t.elapsed() < Duration::from_secs(5), "serve took {:?} to stop", t.elapsed());
     let mut rest = String::new();
     stdout.read_to_string(&mut rest).unwrap();
     let crr_ok = crr["ok"].as_u64().unwrap();

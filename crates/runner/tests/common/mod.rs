@@ -2,12 +2,104 @@
 //! a test on a shared machine must.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use std::fmt::Display;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 pub const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+
+/// Set to `1` by scripts/test (so in CI), and by vm.rs for the tests it runs in a guest: a test that
+/// would skip fails instead, naming why — unless another run covers it ([`skip_covered_elsewhere`]).
+pub const REQUIRE_ALL: &str = "FRAGLAB_REQUIRE_ALL";
+/// Comma-separated kinds of kernel whose tests another run covers, so that a test needing one may
+/// skip here even under `FRAGLAB_REQUIRE_ALL=1`: `sctp` (a kernel with SCTP: vm.rs runs
+/// workload_sctp's tests in a guest that has it; scripts/test says so for the host) and `no-sctp`
+/// (a kernel without it: the host run covers those for the guest; vm.rs says so there).
+pub const COVERED_ELSEWHERE: &str = "FRAGLAB_COVERED_ELSEWHERE";
+
+pub fn require_all() -> bool {
+    std::env::var(REQUIRE_ALL).is_ok_and(|v| v == "1")
+}
+
+/// The one way a runner test skips: says `skipped: <reason>` and returns, and the caller returns
+/// too. Under `FRAGLAB_REQUIRE_ALL=1` it panics instead, with the reason.
+pub fn skip(reason: impl Display) {
+    if require_all() {
+        panic!("{REQUIRE_ALL}=1: this test would have skipped: {reason}");
+    }
+    println!("skipped: {reason}");
+}
+
+/// A skip because the test needs another kind of kernel (`needs`, e.g. `sctp`), which `runs_in`
+/// has. Under `FRAGLAB_REQUIRE_ALL=1` it is allowed only when `FRAGLAB_COVERED_ELSEWHERE` names
+/// `needs`: the caller (scripts/test, vm.rs) vouches that `runs_in` is part of the same run.
+pub fn skip_covered_elsewhere(needs: &str, reason: impl Display, runs_in: &str) {
+    let covered = std::env::var(COVERED_ELSEWHERE).is_ok_and(|v| v.split(',').any(|k| k.trim() == needs));
+    if require_all() && !covered {
+        panic!(
+            "{REQUIRE_ALL}=1: this test would have skipped: {reason}; it runs in {runs_in}, but \
+             {COVERED_ELSEWHERE} does not name {needs:?}, so nothing says that run is part of this one"
+        );
+    }
+    let how = if covered { "covered by" } else { "it runs in" };
+    println!("skipped: {reason}; {how} {runs_in}");
+}
+
+/// Wait until `done`, at most `bound` — a hang guard, not a measurement: a test asserts what it
+/// observes, and the bound only turns a hang into a failure that names it and `what`.
+pub fn wait_until(bound: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + bound;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {bound:?} (a hang guard)");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Bytes received so far over TCP, summed over the sockets of process `pid` (all of the caller's
+/// network namespace when `None`), as `ss -ti` reports them (tcp_info's bytes_received). What
+/// shows a workload's traffic is flowing, without timing it.
+pub fn tcp_bytes_received(pid: Option<u32>) -> u64 {
+    let out = Command::new("ss").args(["-tinpH"]).output().expect("ss (iproute2) runs");
+    assert!(out.status.success(), "ss: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // One socket per unindented line; its tcp_info on the indented line after it.
+    let mut total = 0;
+    let mut ours = false;
+    for line in text.lines() {
+        if !line.starts_with(char::is_whitespace) {
+            ours = pid.is_none_or(|p| line.contains(&format!("pid={p},")));
+            continue;
+        }
+        if ours {
+            total += line
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("bytes_received:"))
+                .map_or(0, |n| n.parse::<u64>().unwrap());
+        }
+    }
+    total
+}
+
+/// Names of the threads of process `pid` (its tasks' `comm`).
+pub fn thread_names(pid: u32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect()
+}
+
+/// The children of process `pid`, of all its threads.
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().map(|p| p.parse().unwrap()).collect::<Vec<u32>>())
+        .collect()
+}
 
 /// The checkout: configs/ and docs/ are read from here, and runs start here.
 pub fn repo() -> PathBuf {
