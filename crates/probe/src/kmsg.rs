@@ -856,6 +856,10 @@ pub struct KmsgWatcher {
 }
 
 impl KmsgWatcher {
+    /// The most records one [`KmsgWatcher::read_available`] returns: more than a default 128 KiB
+    /// ring buffer holds, so a full batch means records arrive as fast as they are read.
+    pub const MAX_RECORDS: usize = 16384;
+
     /// Open `/dev/kmsg` non-blocking and seek to its end (root or CAP_SYSLOG when
     /// `kernel.dmesg_restrict` is set).
     pub fn open() -> Result<Self> {
@@ -871,12 +875,14 @@ impl KmsgWatcher {
         Ok(KmsgWatcher { file, records: 0, lost: 0 })
     }
 
-    /// Every record logged since the last call (or since [`KmsgWatcher::open`]); never blocks.
+    /// Every record logged since the last call (or since [`KmsgWatcher::open`]), up to
+    /// [`KmsgWatcher::MAX_RECORDS`]; never blocks. A full batch means there may be more: a kernel
+    /// logging as fast as it is read would otherwise keep one call going for ever.
     pub fn read_available(&mut self) -> Result<Vec<KmsgRecord>> {
         // A record is at most PRINTK_MESSAGE_MAX (2048) plus dictionary; 8 KiB is devkmsg's own size.
         let mut buf = vec![0u8; 8192];
         let mut out = Vec::new();
-        loop {
+        while out.len() < Self::MAX_RECORDS {
             match self.file.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {

@@ -605,6 +605,9 @@ fn finish(
 /// /dev/kmsg from the start of the monitors to the release, copied to kmsg.log as it arrives (the
 /// kernel's ring buffer can wrap during a flood of failure reports) and parsed for failures and OOM
 /// kills.
+/// How long the kernel-log reader drains records after the run stops.
+const KMSG_DRAIN_BOUND: Duration = Duration::from_secs(5);
+
 struct KmsgTail {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<Vec<KmsgEvent>>>>,
@@ -619,19 +622,38 @@ impl KmsgTail {
         let thread = std::thread::spawn(move || -> Result<Vec<KmsgEvent>> {
             use std::io::Write;
             let mut events = Vec::new();
+            let mut stopped_at = None;
             loop {
-                // Read once more after the stop flag so the last records are not lost.
-                let last = flag.load(Ordering::Relaxed);
-                for record in watcher.read_available()? {
+                // After the stop flag, read on until the log is drained so the last records are not
+                // lost — but not for ever if the kernel is still flooding it.
+                if stopped_at.is_none() && flag.load(Ordering::Relaxed) {
+                    stopped_at = Some(Instant::now());
+                }
+                let records = watcher.read_available()?;
+                let drained = records.len() < KmsgWatcher::MAX_RECORDS;
+                for record in records {
                     writeln!(log, "{}", record.to_dmesg_line())?;
                     if let Ok(Some(event)) = fraglab_probe::kmsg::parse_message(&record.message) {
                         events.push(event);
                     }
                 }
-                if last {
-                    return Ok(events);
+                match stopped_at {
+                    Some(_) if drained => return Ok(events),
+                    Some(t) if t.elapsed() > KMSG_DRAIN_BOUND => {
+                        writeln!(
+                            log,
+                            "fraglab: the kernel log was still being written {} s after the run stopped \
+                             (the drain bound); reading stopped here",
+                            KMSG_DRAIN_BOUND.as_secs()
+                        )?;
+                        return Ok(events);
+                    }
+                    Some(_) => {}
+                    None if drained => {
+                        watcher.wait(Duration::from_millis(200))?;
+                    }
+                    None => {}
                 }
-                watcher.wait(Duration::from_millis(200))?;
             }
         });
         Ok(KmsgTail { stop, thread: Some(thread) })

@@ -102,7 +102,14 @@ fn hold(dir: &Path, budget: &str) -> Held {
         .unwrap();
     let mut child = Held(child);
     let deadline = Instant::now() + LOCK_WAIT + Duration::from_secs(60);
-    while !fraglab(dir, &["status"]).status.success() {
+    // The socket answers from the start; `shaping` in the reply means it does not hold yet.
+    let holding = |dir: &Path| {
+        let out = fraglab(dir, &["status", "--json"]);
+        out.status.success()
+            && serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .is_ok_and(|s| s.get("shaping").is_none())
+    };
+    while !holding(dir) {
         assert!(child.0.try_wait().unwrap().is_none(), "fragmenter exited before holding");
         assert!(Instant::now() < deadline, "fragmenter did not start holding within 60 s of the lock");
         std::thread::sleep(Duration::from_millis(200));

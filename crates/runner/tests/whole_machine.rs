@@ -236,3 +236,50 @@ fn sigint_while_shaping_stops_it_and_gives_everything_back() {
     assert_eq!(vm_lck(frag.pid()), 0);
     assert_eq!(sysctls_at_rest(&dir), before);
 }
+
+/// The pipe fill of a whole-machine hold whose reserve is many GiB, under the common descriptor
+/// limit of 1024: at 1 MiB a pipe the fill would run out of descriptors after ~1 GiB (it once ended
+/// in EMFILE here); it sizes its pipes to the descriptors it has instead, raising
+/// fs.pipe-max-size through the journal, and restores it on release.
+#[test]
+fn a_fill_of_many_gib_fits_in_1024_descriptors() {
+    use std::os::unix::process::CommandExt;
+    let _s = serial();
+    let dir = scratch("fill");
+    let before = sysctls_at_rest(&dir);
+    let reserve = reserve_leaving(6 << 30, 4095);
+    let mut cmd = command(&dir);
+    cmd.args(["fragment", "--max-free-order", "4", "--reserve", &reserve, "--daemon"]);
+    // SAFETY: setrlimit is a plain system call, safe between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit { rlim_cur: 1024, rlim_max: 1024 };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let s = status(&dir).expect("the daemon answers status");
+    let pid = s["pid"].as_i64().unwrap() as i32;
+    let fill = s["fill_bytes"].as_u64().unwrap();
+    let bounds: Vec<&str> = s["bounds"].as_array().unwrap().iter().map(|b| b.as_str().unwrap()).collect();
+    eprintln!("filled {} MiB: {bounds:?}", fill >> 20);
+    let limit = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    assert!(limit.lines().any(|l| l.starts_with("Max open files") && l.contains(" 1024 ")), "{limit}");
+    assert!(fill > 2 << 30, "a fill of many GiB: {} MiB", fill >> 20);
+    let pipe_max: u64 = fraglab_fragmenter::sysctl::read("fs.pipe-max-size").unwrap().parse().unwrap();
+    assert!(pipe_max >= 4 << 20, "pipes larger than 1 MiB: fs.pipe-max-size {pipe_max}");
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    assert!(fds < 1024 && fds as u64 >= fill / pipe_max, "{fds} descriptors for {} MiB", fill >> 20);
+    let fill_bound = bounds.iter().find(|b| b.starts_with("fill: ")).unwrap();
+    assert!(!fill_bound.contains("descriptors"), "{fill_bound}");
+
+    let rel = fraglab(&dir, &["release"]);
+    assert!(rel.status.success(), "{}", text(&rel));
+    assert!(String::from_utf8_lossy(&rel.stderr).contains("fs.pipe-max-size = "), "{}", text(&rel));
+    assert_eq!(vm_lck(pid), 0);
+    assert_eq!(sysctls_at_rest(&dir), before);
+}
