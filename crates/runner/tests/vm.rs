@@ -301,6 +301,82 @@ fn whole_machine_max_free_order_4_holds_through_compact_memory() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The whole-machine path in guests of odd sizes, so MemAvailable, the reserve and what is taken are
+/// figures of every alignment (a page-unaligned one once made populating spin): each holds the
+/// target, releases with exit 0 and restores every sysctl. In each guest a second fragmenter is
+/// released while it is still shaping, at a different moment in each: it stops, gives everything
+/// back and its command says so.
+#[test]
+fn whole_machine_in_odd_sized_guests_holds_and_releases() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    const SYSCTLS: &str = "/proc/sys/vm/percpu_pagelist_high_fraction /proc/sys/vm/lowmem_reserve_ratio \
+                           /proc/sys/vm/compact_unevictable_allowed /proc/sys/fs/pipe-max-size";
+    for (mem, polls) in [("777M", 0), ("1000M", 3), ("1234M", 8)] {
+        let dir = scratch(&format!("odd-{mem}"));
+        let script = dir.join("odd.sh");
+        std::fs::write(
+            &script,
+            format!(
+                "set -e\n\
+                 cat {SYSCTLS} > sysctls-before\n\
+                 fraglab fragment --max-free-order 4 --daemon > fragment.out 2>&1\n\
+                 fraglab status --json > status.json\n\
+                 fraglab release > release.out 2>&1\n\
+                 cat {SYSCTLS} > sysctls-released\n\
+                 fraglab fragment --max-free-order 4 --daemon > early.out 2>&1 &\n\
+                 # Wait (bounded) until it answers while shaping, then let it shape a little longer.\n\
+                 i=0; seen=0\n\
+                 while [ $i -lt 3000 ]; do\n\
+                   case \"$(fraglab status 2>/dev/null)\" in *'still shaping'*) seen=$((seen+1));; esac\n\
+                   [ $seen -gt {polls} ] && break\n\
+                   i=$((i+1))\n\
+                 done\n\
+                 echo \"shaping seen $seen times in $i polls\" > early.polls\n\
+                 fraglab release > early-release.out 2>&1\n\
+                 wait $! || echo \"exit $?\" > early.rc\n\
+                 cat {SYSCTLS} > sysctls-after\n\
+                 echo script done\n"
+            ),
+        )
+        .unwrap();
+        let results = dir.join("results");
+        let out = vm(&[
+            "--mem",
+            mem,
+            "--script",
+            script.to_str().unwrap(),
+            "--extra-bin",
+            "cat",
+            "--results",
+            results.to_str().unwrap(),
+        ]);
+        let at = format!("{mem} guest");
+        assert_eq!(out.status.code(), Some(0), "{at}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("script done"), "{at}");
+        for f in ["fragment.out", "release.out", "early.polls", "early.out", "early-release.out"] {
+            eprintln!("--- {at} {f}:\n{}", read(&results, f));
+        }
+        let status = json(&results.join("status.json"));
+        assert_eq!(status["leftover_pages"], 0, "{at}: the target was reached: {status}");
+        let bounds = status["bounds"].as_array().unwrap();
+        assert!(
+            bounds.iter().any(|b| b.as_str().unwrap().starts_with("fill: no free block")),
+            "{at}: {bounds:?}"
+        );
+        assert!(read(&results, "release.out").starts_with("released: memory given back, restored "), "{at}");
+        let before = read(&results, "sysctls-before");
+        assert_eq!(read(&results, "sysctls-released"), before, "{at}: after the release");
+        assert_eq!(read(&results, "sysctls-after"), before, "{at}: after the early release");
+        let early = read(&results, "early-release.out");
+        assert!(early.starts_with("released"), "{at}: {early}");
+        if early.contains("while still shaping") {
+            assert!(read(&results, "early.out").contains("stopped by `fraglab release`"), "{at}");
+            assert_eq!(read(&results, "early.rc"), "exit 1\n", "{at}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
 #[test]
 fn a_guest_kernel_panic_is_125_with_the_console() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
