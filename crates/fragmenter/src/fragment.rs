@@ -365,14 +365,8 @@ impl Fragmenter {
         bounds.push(format!("settle: {settled}"));
         let mut leftover_pages = None;
         if let (None, Target::MaxFreeOrder { order, .. }) = (plan.budget, &plan.target) {
-            let Some((b, left, ended)) = fill_leftovers(
-                &mut fill,
-                &mut journal,
-                *order,
-                plan.reserve.max(plan.floor),
-                progress,
-                stop,
-            )?
+            let Some((b, left, ended)) =
+                fill_leftovers(&mut fill, &mut journal, *order, fill_keeps(&plan), progress, stop)?
             else {
                 return Err(stopped("filling the reserve's high-order blocks", arena, fill, journal));
             };
@@ -544,6 +538,17 @@ pub fn leftover_pages(b: &BuddyInfo, k: usize) -> u64 {
 /// The smallest step of the whole-machine pipe fill.
 pub const FILL_STEP: u64 = 16 << 20;
 
+/// MemAvailable seen to move by this much between two reads here with nothing held changing (44 MiB
+/// measured on the 24 GiB VM): what the pipe fill leaves above a floor set above the reserve, so the
+/// guard is not set off by noise the moment the hold begins.
+const FLOOR_MARGIN: u64 = 128 << 20;
+
+/// The MemAvailable the whole-machine pipe fill never takes: the reserve, and a margin above the
+/// floor when `--floor` was set above the reserve.
+fn fill_keeps(plan: &Plan) -> u64 {
+    plan.reserve.max(plan.floor + FLOOR_MARGIN)
+}
+
 /// How long the pipe fill may go on when it may take up to `most` bytes: 60 s, and 2 s more a GiB
 /// (writing pipes runs at about 1 GiB/s here; the rest is margin for a slower machine).
 pub fn fill_time_bound(most: u64) -> Duration {
@@ -604,9 +609,12 @@ fn fill_leftovers(
             return Ok(Some((b, left, ended(why, fill))));
         }
         let avail = mem_available()?;
-        if avail < keep + FILL_STEP {
+        // One step of margin: MemAvailable falls by a little more than the pipe pages written (their
+        // slot arrays, accounting), and a fill that crossed the floor would set the guard off.
+        if avail < keep + 2 * FILL_STEP {
             let why = format!(
-                "{} still free at order ≥ {k}: MemAvailable {} leaves no {} step above the reserve {}",
+                "{} still free at order ≥ {k}: MemAvailable {} leaves no {} step (and as much margin) above \
+                 the reserve {}",
                 mib(left_bytes),
                 mib(avail),
                 mib(FILL_STEP),
@@ -615,7 +623,9 @@ fn fill_leftovers(
             return Ok(Some((b, left, ended(why, fill))));
         }
         // Large leftovers (a reserve of many GiB) go in larger steps: buddyinfo is read once a step.
-        let step = left_bytes.min(FILL_STEP.max(left_bytes / 4)).min(avail - keep);
+        // At most half the room left, so the overshoot (~2 % of a step: slot arrays, accounting) can
+        // never carry MemAvailable below `keep`.
+        let step = left_bytes.min(FILL_STEP.max(left_bytes / 4)).min((avail - keep) / 2);
         if let Err(e) = fill.fill(step) {
             let why =
                 format!("{} still free at order ≥ {k}: {e:#} (room for {})", mib(left_bytes), mib(room));

@@ -20,7 +20,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 mod common;
-use common::Running;
+use common::{Hog, Running};
 
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 const MIB: u64 = 1 << 20;
@@ -297,44 +297,6 @@ impl Drop for Daemon {
                 let _ = kill(Pid::from_raw(self.pid), Signal::SIGTERM);
             }
         }
-    }
-}
-
-/// Anonymous memory taken and touched by this test process: the "other process" of the pressure test.
-struct Hog {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-impl Hog {
-    fn take(len: usize) -> Hog {
-        // SAFETY: a fresh private anonymous mapping, used only through this struct.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
-        // SAFETY: the range is exactly the mapping above.
-        if unsafe { libc::madvise(ptr, len, libc::MADV_POPULATE_WRITE) } != 0 {
-            for off in (0..len).step_by(4096) {
-                // SAFETY: inside the mapping, which is writable.
-                unsafe { *(ptr as *mut u8).add(off) = 1 };
-            }
-        }
-        Hog { ptr, len }
-    }
-}
-
-impl Drop for Hog {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what take() mapped.
-        unsafe { libc::munmap(self.ptr, self.len) };
     }
 }
 

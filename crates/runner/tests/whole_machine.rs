@@ -94,6 +94,18 @@ fn reserve_leaving(take: u64, skew: u64) -> String {
     (mem_available().saturating_sub(take) + skew).to_string()
 }
 
+/// A daemon this test started in `dir`: released when the test ends, also when an assertion fails
+/// — a failed test must not leave the machine held (the next test would queue behind it).
+struct Daemon(PathBuf);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = fraglab(&self.0, &["release"]);
+        }
+    }
+}
+
 /// `fraglab status --json` of the fragmenter holding `dir`, when one answers.
 fn status(dir: &Path) -> Option<serde_json::Value> {
     let out = fraglab(dir, &["status", "--json"]);
@@ -139,6 +151,7 @@ fn whole_machine_daemon_on_a_host_holds_and_releases_at_every_alignment() {
     for (take, skew) in [(1024 * MIB, 0), (1280 * MIB, 1), (1536 * MIB + 12345, 4095), (1100 * MIB, 777_777)]
     {
         let reserve = reserve_leaving(take, skew);
+        let _daemon = Daemon(dir.clone());
         let out = fraglab(&dir, &["fragment", "--max-free-order", "4", "--reserve", &reserve, "--daemon"]);
         assert!(out.status.success(), "take {take} skew {skew}: {}", text(&out));
         let s = status(&dir).expect("the daemon answers status");
@@ -260,6 +273,7 @@ fn a_fill_of_many_gib_fits_in_1024_descriptors() {
             Ok(())
         });
     }
+    let _daemon = Daemon(dir.clone());
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let s = status(&dir).expect("the daemon answers status");
@@ -280,6 +294,65 @@ fn a_fill_of_many_gib_fits_in_1024_descriptors() {
     let rel = fraglab(&dir, &["release"]);
     assert!(rel.status.success(), "{}", text(&rel));
     assert!(String::from_utf8_lossy(&rel.stderr).contains("fs.pipe-max-size = "), "{}", text(&rel));
+    assert_eq!(vm_lck(pid), 0);
+    assert_eq!(sysctls_at_rest(&dir), before);
+}
+
+/// Memory pressure on a whole-machine hold: the guard gives back the arena's chunks — counted as the
+/// memory they still hold after the cut, a sixteenth of their mapping — and then the reserve's pipe
+/// pages, in the same step, until the floor is met again. (Counting mappings, the first step "gave
+/// back" 256 MiB while freeing 16, and never reached the pipes.)
+#[test]
+fn pressure_on_a_whole_machine_hold_gives_back_chunks_then_pipes() {
+    let _s = serial();
+    let dir = scratch("pressure");
+    let before = sysctls_at_rest(&dir);
+    let avail = mem_available();
+    // Take 2 GiB; the floor sits 128 MiB above the reserve, so the fill stops 128 MiB above the
+    // floor (its margin for MemAvailable's noise) with what the cut freed beyond that in pipes.
+    let reserve = avail - (2 << 30);
+    let floor = reserve + 128 * MIB;
+    let _daemon = Daemon(dir.clone());
+    let out = fraglab(
+        &dir,
+        &[
+            "fragment",
+            "--max-free-order",
+            "4",
+            "--reserve",
+            &reserve.to_string(),
+            "--floor",
+            &floor.to_string(),
+            "--daemon",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let s = status(&dir).expect("the daemon answers status");
+    let pid = s["pid"].as_i64().unwrap() as i32;
+    let (held, fill) = (s["held_bytes"].as_u64().unwrap(), s["fill_bytes"].as_u64().unwrap());
+    eprintln!("holding {} MiB in the arena, {} MiB in pipes: {}", held >> 20, fill >> 20, s["bounds"]);
+    assert!(fill >= 32 * MIB, "the fill this test needs, after a cut that freed {}: {s}", s["freed_bytes"]);
+    assert!(s["events"].as_array().unwrap().is_empty(), "no pressure yet: {}", s["events"]);
+
+    // Cross the floor by everything the arena holds and half the pipes.
+    let hog = common::Hog::take((mem_available().saturating_sub(floor) + held + fill / 2) as usize);
+    // The guard answers every 200 ms while the hog faults in, each time with what it takes then.
+    let mut after = serde_json::Value::Null;
+    wait_until(Duration::from_secs(60), "the guard meets the floor again (a hang guard)", || {
+        after = status(&dir).unwrap();
+        mem_available() >= floor && !after["events"].as_array().unwrap().is_empty()
+    });
+    let events: Vec<&str> = after["events"].as_array().unwrap().iter().map(|e| e.as_str().unwrap()).collect();
+    eprintln!("{events:#?}");
+    assert!(events.iter().all(|e| e.contains("fell below the floor")), "{events:?}");
+    assert!(events.iter().any(|e| e.contains("of it pipe pages")), "pipes given back too: {events:?}");
+    assert!(after["fill_bytes"].as_u64().unwrap() < fill, "{after}");
+    assert_eq!(after["held_bytes"], 0, "every chunk went before any pipe: {after}");
+    assert!(after["target_lost"].as_str().is_some_and(|t| t.contains("memory pressure")), "{after}");
+    drop(hog);
+
+    let rel = fraglab(&dir, &["release"]);
+    assert!(rel.status.success(), "{}", text(&rel));
     assert_eq!(vm_lck(pid), 0);
     assert_eq!(sysctls_at_rest(&dir), before);
 }
