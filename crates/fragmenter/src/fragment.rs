@@ -254,7 +254,10 @@ impl Fragmenter {
         };
         let mut bounds = Vec::new();
         let small_free = small_movable_free_bytes(&PageTypeInfo::read()?, region_order);
-        let (total, cap) = populate_limits(plan.budget, mem_available()?, plan.reserve, small_free);
+        // What populating never takes: the reserve, and a margin above a floor set over it, or the
+        // hold would begin below the floor and the guard give the target up at once.
+        let keep = fill_keeps(&plan);
+        let (total, cap) = populate_limits(plan.budget, mem_available()?, keep, small_free);
         let mut next_look = total;
         // Every pass adds at least a page or ends the loop, so it ends by `cap` at the latest.
         let populated = loop {
@@ -286,19 +289,19 @@ impl Fragmenter {
             let step = CHUNK.min(cap - arena.bytes());
             let m = procfs::Meminfo::current().context("cannot read /proc/meminfo")?;
             let avail = m.mem_available.context("/proc/meminfo has no MemAvailable")?;
-            if avail < plan.reserve + step {
+            if avail < keep + step {
                 // The reserve is not ours to take; shape what we have.
                 break format!(
                     "stopped at {}: MemAvailable {} leaves no {} step above the reserve {}",
                     mib(arena.bytes()),
                     mib(avail),
                     mib(step),
-                    mib(plan.reserve)
+                    mib(keep)
                 );
             }
             // Past the budget, memory is taken only to find whole regions: from free memory, never
             // by making the kernel reclaim other processes' page cache for it.
-            if plan.budget.is_some() && arena.bytes() >= total && m.mem_free < plan.reserve + step {
+            if plan.budget.is_some() && arena.bytes() >= total && m.mem_free < keep + step {
                 break format!(
                     "stopped at {} past the budget: MemFree {} leaves no {} step above the reserve (no \
                      reclaim for the region search)",
@@ -543,8 +546,8 @@ pub const FILL_STEP: u64 = 16 << 20;
 /// guard is not set off by noise the moment the hold begins.
 const FLOOR_MARGIN: u64 = 128 << 20;
 
-/// The MemAvailable the whole-machine pipe fill never takes: the reserve, and a margin above the
-/// floor when `--floor` was set above the reserve.
+/// The MemAvailable that populating and the whole-machine pipe fill never take: the reserve, and a
+/// margin above the floor when `--floor` was set above the reserve.
 fn fill_keeps(plan: &Plan) -> u64 {
     plan.reserve.max(plan.floor + FLOOR_MARGIN)
 }
@@ -625,7 +628,8 @@ fn fill_leftovers(
         // Large leftovers (a reserve of many GiB) go in larger steps: buddyinfo is read once a step.
         // At most half the room left, so the overshoot (~2 % of a step: slot arrays, accounting) can
         // never carry MemAvailable below `keep`.
-        let step = left_bytes.min(FILL_STEP.max(left_bytes / 4)).min((avail - keep) / 2);
+        // At most 1 GiB, so a stop is seen within about a second.
+        let step = left_bytes.min(FILL_STEP.max(left_bytes / 4)).min((avail - keep) / 2).min(1 << 30);
         if let Err(e) = fill.fill(step) {
             let why =
                 format!("{} still free at order ≥ {k}: {e:#} (room for {})", mib(left_bytes), mib(room));

@@ -39,12 +39,23 @@ pub struct PipeFill {
     bytes: u64,
     /// What F_SETPIPE_SZ asks for next; halves when the kernel cannot allocate the slot array.
     pipe_bytes: usize,
+    /// The most pipes the descriptors allow, leaving [`FD_MARGIN`] for everything else ([`PipeFill::fit`]).
+    max_pipes: Option<u64>,
 }
 
 impl Default for PipeFill {
     fn default() -> Self {
-        PipeFill { pipes: Vec::new(), bytes: 0, pipe_bytes: MIN_PIPE_BYTES }
+        PipeFill { pipes: Vec::new(), bytes: 0, pipe_bytes: MIN_PIPE_BYTES, max_pipes: None }
     }
+}
+
+/// RLIMIT_NOFILE as it was before a fill raised it, for children that should not inherit the raise
+/// (an `exec` workload: a million descriptors breaks programs that still use select(2)).
+static NOFILE_BEFORE: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+
+/// RLIMIT_NOFILE as it was before any fill raised it; `None` when none did.
+pub fn nofile_before_fill() -> Option<(u64, u64)> {
+    NOFILE_BEFORE.get().copied()
 }
 
 impl PipeFill {
@@ -61,6 +72,7 @@ impl PipeFill {
             journal.set("fs.pipe-max-size", &size.to_string())?;
         }
         self.pipe_bytes = size;
+        self.max_pipes = Some(fds);
         Ok(fds * size as u64)
     }
 
@@ -70,7 +82,18 @@ impl PipeFill {
         let buf = vec![0x5au8; 16 * PAGE_SIZE];
         let mut left = bytes.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
         while left > 0 {
-            let (r, w) = match nix::unistd::pipe() {
+            if let Some(max) = self.max_pipes.filter(|&m| self.pipes.len() as u64 >= m) {
+                bail!(
+                    "the descriptor budget is spent: {max} pipes hold {} MiB ({} KiB a pipe), and {FD_MARGIN} \
+                     descriptors stay free for the rest of fraglab; RLIMIT_NOFILE is {}",
+                    self.bytes >> 20,
+                    self.pipe_bytes >> 10,
+                    nofile_limit()
+                );
+            }
+            // Close-on-exec: a workload's child holding a copy of a write end would keep the pipe's
+            // pages allocated after the guard or a release "gave them back".
+            let (r, w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
                 Ok(p) => p,
                 Err(nix::errno::Errno::EMFILE | nix::errno::Errno::ENFILE) => bail!(
                     "out of file descriptors after {} pipes holding {} MiB ({} KiB a pipe): \
@@ -158,6 +181,7 @@ impl PipeFill {
 fn raise_nofile_limit() -> u64 {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return 1024 };
+    NOFILE_BEFORE.get_or_init(|| (soft, hard));
     let nr_open = crate::sysctl::read("fs.nr_open").ok().and_then(|v| v.parse().ok()).unwrap_or(hard);
     if nr_open > hard && setrlimit(Resource::RLIMIT_NOFILE, nr_open, nr_open).is_ok() {
         return nr_open;

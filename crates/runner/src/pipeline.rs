@@ -106,20 +106,29 @@ pub fn run(
     };
     let results = ResultsDir::create(&plan.output, &plan.name)?;
     let record = RunRecord::new(plan);
-    results.write_json("run.json", &record)?;
-    let held = match held {
+    let (mut instance, restored) = match held {
         Ok(held) => held,
-        Err(reason) => return finish(results, record, Verdict::CouldNotTest, reason),
+        Err(reason) => {
+            results.write_json("run.json", &record)?;
+            return finish(results, record, Verdict::CouldNotTest, reason);
+        }
     };
+    // Named in the lock record before run.json says "running": if this process is killed from here
+    // on, the next fraglab finds it dead and marks these results as cut short.
+    instance.set_results(&results.dir)?;
+    results.write_json("run.json", &record)?;
     let dir = results.dir.clone();
-    pipeline(plan, run_dir, held, stop, results, record.clone()).map_err(|e| {
+    let out = pipeline(plan, run_dir, restored, stop, results, record.clone()).map_err(|e| {
         let mut record = record;
         record.status = "incomplete".into();
         record.reason = format!("{e:#}");
         record.finished = Some(crate::workload::result::wall_now());
         let _ = ResultsDir { dir: dir.clone() }.write_json("run.json", &record);
         e.context(format!("the run stopped part-way; what it had is in {}", dir.display()))
-    })
+    });
+    // Only now, with run.json saying how the run ended, may another fraglab take the machine.
+    drop(instance);
+    out
 }
 
 /// (preflight and the instance lock, in [`run`]) → baseline probe → fragment to target → verify →
@@ -128,15 +137,13 @@ pub fn run(
 fn pipeline(
     plan: &RunPlan,
     run_dir: &std::path::Path,
-    (mut instance, restored): (Instance, Vec<fraglab_fragmenter::sysctl::Restored>),
+    restored: Vec<fraglab_fragmenter::sysctl::Restored>,
     stop: Arc<AtomicBool>,
     results: ResultsDir,
     mut record: RunRecord,
 ) -> Result<(Verdict, ResultsDir)> {
     let mut phases = Phases::new(&results);
 
-    // If this process is killed, the next fraglab marks these results as cut short.
-    instance.set_results(&results.dir)?;
     record.sysctls_restored.extend(restored.iter().map(|r| format!("{r} (left by a dead fraglab)")));
     let journal = Journal::create(run_dir)?;
 
@@ -257,8 +264,9 @@ fn pipeline(
         Held::Baseline(mut journal) => journal.restore()?,
     };
     record.sysctls_restored.extend(restored.iter().map(|r| r.to_string()));
-    // The instance lock stays held until run.json has its verdict: a run killed after this point
-    // (in the final probe) is still found dead by the next fraglab and its record marked incomplete.
+    // The instance lock stays held (by `run`) until run.json has its verdict: a run killed after this
+    // point (in the final probe) is still found dead by the next fraglab and its record marked
+    // incomplete.
 
     phases.begin("final");
     results.write_json("final.json", &Snapshot::take(&Monitor::available().0)?)?;

@@ -377,6 +377,52 @@ fn whole_machine_in_odd_sized_guests_holds_and_releases() {
     }
 }
 
+/// What an `exec` workload inherits from a whole-machine run (in a guest, where the whole-machine
+/// target is reached and the workloads run): none of the pipe fill's descriptors — a child holding a
+/// write end would keep that pipe's pages after the guard or the release gave them back — and the
+/// descriptor limit fraglab started with, not the one the fill raised.
+#[test]
+fn an_exec_workload_inherits_no_fill_pipes_and_the_original_descriptor_limit() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("inherit");
+    std::fs::write(
+        dir.join("inherit.toml"),
+        "[run]\nname = \"inherit\"\niterations = 1\n\n[fragment]\nmax_free_order = 4\n\n\
+         [[workload]]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"ulimit -n; ls -l /proc/$$/fd\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(FRAGLAB)
+        .current_dir(&dir)
+        .args([
+            "vm",
+            "--kernel",
+            "debian-cloud",
+            "--timeout",
+            "240s",
+            "--extra-bin",
+            "sh",
+            "--extra-bin",
+            "ls",
+        ])
+        .args(["--", "run", "inherit.toml"])
+        .output()
+        .expect("run fraglab vm");
+    eprintln!("--- {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(matches!(out.status.code(), Some(0 | 1)), "the run tested: {}", out.status);
+    let results = results_dir(&dir, "inherit");
+    let run = json(&results.join("run.json"));
+    let fill = run["fragment"]["fill_bytes"].as_u64().unwrap();
+    assert!(fill > 0, "the run filled pipes: {}", run["fragment"]);
+    let workloads = json(&results.join("workloads.json"));
+    let stdout = workloads[0]["result"]["details"]["stdout"].as_str().unwrap().to_string();
+    eprintln!("{} MiB of fill pipes; the command saw:\n{stdout}", fill >> 20);
+    let limit: u64 = stdout.lines().next().unwrap().trim().parse().unwrap();
+    assert!(limit < 100_000, "the raised limit leaked into the command: {stdout}");
+    let pipes = stdout.lines().filter(|l| l.contains("pipe:")).count();
+    assert_eq!(pipes, 2, "only its own stdout and stderr are pipes, not the fill's: {stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_guest_kernel_panic_is_125_with_the_console() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -263,9 +263,16 @@ fn a_fill_of_many_gib_fits_in_1024_descriptors() {
     let reserve = reserve_leaving(6 << 30, 4095);
     let mut cmd = command(&dir);
     cmd.args(["fragment", "--max-free-order", "4", "--reserve", &reserve, "--daemon"]);
-    // SAFETY: setrlimit is a plain system call, safe between fork and exec.
+    // SAFETY: prctl and setrlimit are plain system calls, safe between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
+            // Without CAP_SYS_RESOURCE (after exec: it leaves the bounding set) fraglab cannot raise
+            // the hard limit, as on this VM; an ordinary root would raise it to fs.nr_open and the
+            // fill would never have to size its pipes. CAP_SYS_RESOURCE is 24 (linux/capability.h).
+            const CAP_SYS_RESOURCE: libc::c_ulong = 24;
+            if libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_RESOURCE, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             let lim = libc::rlimit { rlim_cur: 1024, rlim_max: 1024 };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
                 return Err(std::io::Error::last_os_error());

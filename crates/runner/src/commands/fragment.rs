@@ -119,6 +119,14 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
     let started = Fragmenter::start(plan, journal, &mut |p| shaping.progress(p, &mut bar), &stop);
     drop(bar);
     let released_early = shaping.finish();
+    // A release the shaping thread answered after `start` had looked at the flag for the last time:
+    // it was told "released while still shaping", so it is that, not a hold.
+    let started = match started {
+        Ok(f) if released_early => {
+            f.release().and_then(|restored| Err(Stopped { phase: "finishing the hold", restored }.into()))
+        }
+        other => other,
+    };
     let mut fragmenter = match started {
         Ok(f) => f,
         Err(e) => {
@@ -312,7 +320,11 @@ pub fn release(run_dir: &Path) -> Result<ExitCode> {
             None => UnixStream::connect(&socket).is_ok(),
         };
         if !holding {
-            if journal.exists() {
+            // A journal of the released holder's own is one it could not restore; a fraglab that
+            // took the machine right after it may have started a new one here.
+            let left = fraglab_fragmenter::sysctl::read_journal(&journal).ok().flatten().unwrap_or_default();
+            let pid = holder.as_ref().map(|h| h.pid).or_else(|| changed.first().map(|e| e.pid));
+            if left.iter().any(|e| Some(e.pid) == pid) {
                 bail!(
                     "the fragmenter let go but left {} (a sysctl could not be restored); the next fraglab \
                      command retries it",

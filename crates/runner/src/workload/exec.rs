@@ -118,10 +118,18 @@ pub fn run(args: &ExecArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let mask = signals.original();
     let mut command = Command::new(program);
     command.args(rest).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-    // SAFETY: between fork and exec only pthread_sigmask runs, which is async-signal-safe.
+    // The command gets the descriptor limit fraglab started with, not the one a whole-machine pipe
+    // fill raised.
+    let nofile = fraglab_fragmenter::pipefill::nofile_before_fill()
+        .map(|(soft, hard)| libc::rlimit { rlim_cur: soft, rlim_max: hard });
+    // SAFETY: between fork and exec only pthread_sigmask and setrlimit run, both async-signal-safe
+    // system calls.
     unsafe {
         command.pre_exec(move || {
             libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
+            if let Some(lim) = &nofile {
+                libc::setrlimit(libc::RLIMIT_NOFILE, lim);
+            }
             Ok(())
         });
     }
