@@ -37,9 +37,10 @@ pub enum Command {
     Probe(ProbeArgs),
     /// Shape free memory into a target buddyinfo profile and hold it.
     Fragment(FragmentArgs),
-    /// What a holding fragmenter is doing.
+    /// What a fragmenter is doing: where shaping stands, or what it holds.
     Status(StatusArgs),
-    /// Make a holding fragmenter give its memory back and restore every sysctl.
+    /// Make a fragmenter give its memory back and restore every sysctl; one still shaping stops
+    /// between two steps.
     Release,
     /// Run one workload and report throughput, latency, CPU and failures by errno (exit 0 all
     /// succeeded, 1 some failed, 125 not on this kernel).

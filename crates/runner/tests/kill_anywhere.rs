@@ -12,24 +12,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fraglab_fragmenter::instance::{Instance, WAIT_ENV};
 use nix::sys::signal::Signal;
 
 mod common;
-use common::{wait_until, Running, FRAGLAB};
-
-/// Every sysctl a run of [`CONFIG`] may change: the fragmenter's and the pipe-resize trigger's.
-const SYSCTLS: [&str; 5] = [
-    "vm.percpu_pagelist_high_fraction",
-    "vm.lowmem_reserve_ratio",
-    "vm.compact_unevictable_allowed",
-    "vm.compaction_proactiveness",
-    "fs.pipe-max-size",
-];
+use common::{command, fraglab, sysctls_at_rest, wait_until, Running};
 
 /// A run with every phase: a budget to fragment, the catcher, a TCP workload, and a trigger that
 /// raises fs.pipe-max-size through its own journal.
@@ -86,31 +75,6 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn command(run_dir: &Path) -> Command {
-    let mut c = Command::new(FRAGLAB);
-    c.arg("--run-dir").arg(run_dir).current_dir(common::repo()).env(WAIT_ENV, "600s");
-    c
-}
-
-fn fraglab(run_dir: &Path, args: &[&str]) -> Output {
-    command(run_dir).args(args).output().unwrap()
-}
-
-fn sysctls() -> Vec<String> {
-    SYSCTLS.iter().map(|n| fraglab_fragmenter::sysctl::read(n).unwrap()).collect()
-}
-
-/// The sysctls with no fraglab changing them: read holding the instance lock. The lock itself must
-/// find nothing to restore — the command before it did that.
-fn sysctls_at_rest(dir: &Path, after: &str) -> Vec<String> {
-    let (lock, restored) =
-        Instance::acquire_wait(dir, "kill_anywhere test", Duration::from_secs(600)).unwrap();
-    assert!(restored.is_empty(), "{after}: the next command left journals unrestored: {restored:?}");
-    let values = sysctls();
-    drop(lock);
-    values
 }
 
 /// The tracefs instances a catcher of process `pid` made.

@@ -20,7 +20,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 mod common;
-use common::{Hog, Running};
+use common::{vm_lck, Hog, Running};
 
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 const MIB: u64 = 1 << 20;
@@ -102,15 +102,6 @@ fn vmstat(key: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {key} in /proc/vmstat"))
-}
-
-/// VmLck of a process in bytes (its mlocked memory); 0 once it is gone.
-fn vm_lck(pid: i32) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("VmLck:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 fn tracefs_mounted() -> bool {

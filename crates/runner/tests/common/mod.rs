@@ -109,14 +109,48 @@ pub fn repo() -> PathBuf {
 /// `fraglab --run-dir RUN_DIR ARGS` from the checkout. The instance lock is machine-wide, so a test
 /// queues behind any other fraglab (another test binary, an engineer's run) instead of being refused.
 pub fn fraglab(run_dir: &Path, args: &[&str]) -> Output {
-    Command::new(FRAGLAB)
-        .arg("--run-dir")
-        .arg(run_dir)
-        .args(args)
-        .current_dir(repo())
-        .env(fraglab_fragmenter::instance::WAIT_ENV, "600s")
-        .output()
-        .unwrap()
+    command(run_dir).args(args).output().unwrap()
+}
+
+/// The [`fraglab`] command before its arguments, to add to or spawn.
+pub fn command(run_dir: &Path) -> Command {
+    let mut c = Command::new(FRAGLAB);
+    c.arg("--run-dir").arg(run_dir).current_dir(repo()).env(fraglab_fragmenter::instance::WAIT_ENV, "600s");
+    c
+}
+
+/// Every sysctl the fragmenter may change.
+pub const FRAGMENTER_SYSCTLS: [&str; 5] = [
+    "vm.percpu_pagelist_high_fraction",
+    "vm.lowmem_reserve_ratio",
+    "vm.compact_unevictable_allowed",
+    "vm.compaction_proactiveness",
+    "fs.pipe-max-size",
+];
+
+/// The fragmenter's sysctls as no fraglab has them changed: read holding the machine-wide instance
+/// lock (taken in `dir`), which must find no journal left to restore — whatever ran before (`after`)
+/// did that.
+pub fn sysctls_at_rest(dir: &Path, after: &str) -> Vec<String> {
+    let (lock, restored) = fraglab_fragmenter::instance::Instance::acquire_wait(
+        dir,
+        "a test reading sysctls",
+        Duration::from_secs(600),
+    )
+    .unwrap();
+    assert!(restored.is_empty(), "{after}: journals nobody restored: {restored:?}");
+    let values = FRAGMENTER_SYSCTLS.iter().map(|n| fraglab_fragmenter::sysctl::read(n).unwrap()).collect();
+    drop(lock);
+    values
+}
+
+/// VmLck of a process in bytes (its mlocked memory); 0 once it is gone.
+pub fn vm_lck(pid: i32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmLck:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// A child's stdout or stderr, read on a thread as it comes so a test can look at it while the child
