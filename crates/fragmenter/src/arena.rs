@@ -150,11 +150,6 @@ impl Arena {
         given
     }
 
-    /// Bytes still mapped in.
-    pub fn resident_bytes(&self) -> u64 {
-        self.chunks.iter().map(|c| (c.resident * PAGE_SIZE) as u64).sum()
-    }
-
     /// Unmap everything.
     pub fn release(&mut self) {
         self.chunks.clear();

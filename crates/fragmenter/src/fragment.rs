@@ -546,10 +546,16 @@ pub const FILL_STEP: u64 = 16 << 20;
 /// guard is not set off by noise the moment the hold begins.
 const FLOOR_MARGIN: u64 = 128 << 20;
 
-/// The MemAvailable that populating and the whole-machine pipe fill never take: the reserve, and a
-/// margin above the floor when `--floor` was set above the reserve.
+/// The MemAvailable that populating and the whole-machine pipe fill never take: the reserve, or,
+/// when `--floor` was set at or above the reserve, a margin above the floor. (Applied to the default
+/// floor too, the margin outweighed a small guest's reserve and left 100 MiB of a 1 GiB guest
+/// unshaped: pipe-highorder then found an order-9 block.)
 fn fill_keeps(plan: &Plan) -> u64 {
-    plan.reserve.max(plan.floor + FLOOR_MARGIN)
+    if plan.floor >= plan.reserve {
+        plan.floor + FLOOR_MARGIN
+    } else {
+        plan.reserve
+    }
 }
 
 /// How long the pipe fill may go on when it may take up to `most` bytes: 60 s, and 2 s more a GiB
@@ -562,8 +568,8 @@ pub fn fill_time_bound(most: u64) -> Duration {
 /// left (seen twice, a second apart, since freed pages drain from per-CPU lists late), MemAvailable
 /// would fall below `keep` (the reserve: what the rest of the machine was promised — a reserve that
 /// is itself mostly high-order free blocks leaves the target unreached, and says so), a pipe cannot
-/// be had, or the time bound passes (60 s, and 2 s more for every GiB the fill may take). Returns the last buddyinfo, the leftover pages and which of those ended
-/// it; `None` when `stop` was set.
+/// be had, or the time bound passes (60 s, and 2 s more for every GiB the fill may take). Returns
+/// the last buddyinfo, the leftover pages and which of those ended it; `None` when `stop` was set.
 fn fill_leftovers(
     fill: &mut PipeFill,
     journal: &mut Journal,
@@ -627,8 +633,7 @@ fn fill_leftovers(
         }
         // Large leftovers (a reserve of many GiB) go in larger steps: buddyinfo is read once a step.
         // At most half the room left, so the overshoot (~2 % of a step: slot arrays, accounting) can
-        // never carry MemAvailable below `keep`.
-        // At most 1 GiB, so a stop is seen within about a second.
+        // never carry MemAvailable below `keep`; at most 1 GiB, so a stop is seen within a second.
         let step = left_bytes.min(FILL_STEP.max(left_bytes / 4)).min((avail - keep) / 2).min(1 << 30);
         if let Err(e) = fill.fill(step) {
             let why =

@@ -177,9 +177,12 @@ impl PipeFill {
 
 /// Raise the soft descriptor limit to the hard one, and the hard one towards `fs.nr_open` where
 /// the kernel allows it (CAP_SYS_RESOURCE). Every pipe costs a descriptor; the common soft limit of
-/// 1024 would stop a fill at 1 GiB. Returns the limit now in force.
+/// 1024 would stop a fill at 1 GiB. Done once per process; returns the limit now in force.
 fn raise_nofile_limit() -> u64 {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if NOFILE_BEFORE.get().is_some() {
+        return nofile_limit();
+    }
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return 1024 };
     NOFILE_BEFORE.get_or_init(|| (soft, hard));
     let nr_open = crate::sysctl::read("fs.nr_open").ok().and_then(|v| v.parse().ok()).unwrap_or(hard);

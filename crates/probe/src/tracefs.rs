@@ -1197,7 +1197,7 @@ fn join_users() -> Result<(PathBuf, bool, File)> {
         }
     };
     if alone {
-        let _ = remove_stale_instances(&root.join("instances"), true);
+        remove_stale_instances(&root.join("instances"), true);
     }
     drop(gate);
     Ok((root, fraglab_mounted, users))
@@ -1221,7 +1221,7 @@ fn leave_users(users: File, root: &Path) -> Result<bool> {
 }
 
 fn clean_up_as_last_user(root: &Path) -> Result<bool> {
-    let _ = remove_stale_instances(&root.join("instances"), true);
+    remove_stale_instances(&root.join("instances"), true);
     let Some(marker) = Marker::read() else {
         if Path::new(MOUNT_MARKER).exists() {
             remove_marker(); // unreadable: it can never justify an unmount
@@ -1238,7 +1238,7 @@ fn clean_up_as_last_user(root: &Path) -> Result<bool> {
         return Ok(false);
     };
     if target.path != root {
-        let _ = remove_stale_instances(&target.path.join("instances"), true);
+        remove_stale_instances(&target.path.join("instances"), true);
     }
     match unmount(&target.path) {
         Ok(()) => {
@@ -1467,7 +1467,7 @@ static NEXT_INSTANCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU3
 impl InstanceGuard {
     fn create(root: &Path) -> Result<InstanceGuard> {
         let instances = root.join("instances");
-        let _ = remove_stale_instances(&instances, false);
+        remove_stale_instances(&instances, false);
         let pid = std::process::id();
         loop {
             let n = NEXT_INSTANCE.fetch_add(1, Ordering::SeqCst);

@@ -57,8 +57,9 @@ pub fn main() -> ExitCode {
 }
 
 /// Replay the sysctl journals of fraglabs that died holding them (the instance's and the triggers'),
-/// remove their tracefs instances, say what was put back, and mark a dead run's results as cut short. Only the process that finds a
-/// dead holder under the lock marks its run, so two commands starting together never both write it.
+/// remove their tracefs instances, say what was put back, and mark a dead run's results as cut
+/// short. Only the process that finds a dead holder under the lock marks its run, so two commands
+/// starting together never both write it.
 fn recover_after_dead_fraglabs(run_dir: &std::path::Path) {
     let say = |who: &str, restored: Vec<fraglab_fragmenter::sysctl::Restored>| {
         if !restored.is_empty() {

@@ -173,15 +173,9 @@ fn pipeline(
                 Ok(f) => f,
                 Err(e) => {
                     let Some(stopped) = e.downcast_ref::<Stopped>() else { return Err(e) };
-                    phases.end();
                     record.phases = phases.done();
                     record.sysctls_restored.extend(stopped.restored.iter().map(|r| r.to_string()));
-                    record.status = "incomplete".into();
-                    record.verdict = Some(Verdict::Interrupted);
-                    record.reason = format!("interrupted by a signal: {stopped}");
-                    record.finished = Some(crate::workload::result::wall_now());
-                    results.write_json("run.json", &record)?;
-                    return Ok((Verdict::Interrupted, results));
+                    return interrupted(results, record, format!("interrupted by a signal: {stopped}"));
                 }
             };
             record.fragment = Some(f.status().clone());
@@ -289,12 +283,7 @@ fn pipeline(
         }
     }
     if let Some(why) = interrupted {
-        record.status = "incomplete".into();
-        record.reason = format!("{why}; what ran so far: {reason}");
-        record.verdict = Some(Verdict::Interrupted);
-        record.finished = Some(crate::workload::result::wall_now());
-        results.write_json("run.json", &record)?;
-        return Ok((Verdict::Interrupted, results));
+        return self::interrupted(results, record, format!("{why}; what ran so far: {reason}"));
     }
     finish(results, record, verdict, reason)
 }
@@ -610,12 +599,22 @@ fn finish(
     Ok((verdict, results))
 }
 
-/// /dev/kmsg from the start of the monitors to the release, copied to kmsg.log as it arrives (the
-/// kernel's ring buffer can wrap during a flood of failure reports) and parsed for failures and OOM
-/// kills.
+/// Write run.json for a run a signal stopped: incomplete, verdict interrupted (exit 130).
+fn interrupted(results: ResultsDir, mut record: RunRecord, reason: String) -> Result<(Verdict, ResultsDir)> {
+    record.status = "incomplete".into();
+    record.verdict = Some(Verdict::Interrupted);
+    record.reason = reason;
+    record.finished = Some(crate::workload::result::wall_now());
+    results.write_json("run.json", &record)?;
+    Ok((Verdict::Interrupted, results))
+}
+
 /// How long the kernel-log reader drains records after the run stops.
 const KMSG_DRAIN_BOUND: Duration = Duration::from_secs(5);
 
+/// /dev/kmsg from the start of the monitors to the release, copied to kmsg.log as it arrives (the
+/// kernel's ring buffer can wrap during a flood of failure reports) and parsed for failures and OOM
+/// kills.
 struct KmsgTail {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<Vec<KmsgEvent>>>>,

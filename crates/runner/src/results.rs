@@ -77,14 +77,7 @@ impl ResultsDir {
     /// say instead that it was cut short, and why, so report/compare/summary never take it for one
     /// still going or complete. Returns whether run.json was changed.
     pub fn mark_cut_short(&self, why: &str) -> Result<bool> {
-        let path = self.dir.join("run.json");
-        let mut record: serde_json::Value = serde_json::from_slice(
-            &fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?,
-        )
-        .with_context(|| format!("{} is not JSON", path.display()))?;
-        if record["status"] != "running" {
-            return Ok(false);
-        }
+        let Some(mut record) = self.running_record()? else { return Ok(false) };
         record["status"] = "incomplete".into();
         record["reason"] = match record["phase"].as_str() {
             Some(phase) => format!("{why}; it was in phase `{phase}`").into(),
@@ -98,16 +91,19 @@ impl ResultsDir {
     /// Note in run.json the phase a running run has reached, so one that dies says where: the
     /// record written when the run ends replaces it with the full list of phases.
     pub fn mark_phase(&self, phase: &str) -> Result<()> {
+        let Some(mut record) = self.running_record()? else { return Ok(()) };
+        record["phase"] = phase.into();
+        self.write_json("run.json", &record)
+    }
+
+    /// run.json as JSON, if it still says the run is `running`.
+    fn running_record(&self) -> Result<Option<serde_json::Value>> {
         let path = self.dir.join("run.json");
-        let mut record: serde_json::Value = serde_json::from_slice(
+        let record: serde_json::Value = serde_json::from_slice(
             &fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?,
         )
         .with_context(|| format!("{} is not JSON", path.display()))?;
-        if record["status"] != "running" {
-            return Ok(());
-        }
-        record["phase"] = phase.into();
-        self.write_json("run.json", &record)
+        Ok((record["status"] == "running").then_some(record))
     }
 
     /// An append-only JSON-lines file; each line is flushed as it is written.
