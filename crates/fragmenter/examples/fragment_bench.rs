@@ -371,6 +371,7 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize) -> Result<Run> {
         floor: 2 * min_free,
         no_proactive_compaction: false,
         nr_orders,
+        keep: true,
     };
     let mut run = Run::new(Variant::Fraglab, size, buddy()?);
     // fraglab has shrunk the per-CPU lists by the time it has populated; this is the count before.

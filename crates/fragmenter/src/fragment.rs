@@ -10,6 +10,7 @@ use procfs::Current;
 use serde::{Deserialize, Serialize};
 
 use crate::arena::{page_floor, Arena, PAGE_SIZE};
+use crate::keeper::{Keep, Keeper, Keeping, Timeline};
 use crate::pipefill::PipeFill;
 use crate::shape::{self, Cut};
 use crate::sysctl::{Entry, Journal, Restored};
@@ -41,6 +42,38 @@ pub struct Plan {
     pub no_proactive_compaction: bool,
     /// Number of orders of this kernel (`NR_PAGE_ORDERS`), from buddyinfo.
     pub nr_orders: usize,
+    /// Whole machine, max free order: take back free blocks of the target order that form while
+    /// holding (`keeper`). Without it the keeper only watches.
+    #[serde(default = "keep_by_default")]
+    pub keep: bool,
+}
+
+fn keep_by_default() -> bool {
+    true
+}
+
+impl Plan {
+    /// The order of the aligned regions the cut works in: the max free order, or one above a
+    /// profile's largest block.
+    pub fn region_order(&self) -> usize {
+        match &self.target {
+            Target::MaxFreeOrder { order, .. } => *order,
+            Target::Profile { free, .. } => {
+                free.iter().rposition(|&n| n > 0).map_or(0, |o| (o + 1).min(self.nr_orders - 1))
+            }
+        }
+    }
+
+    /// What holding the target means and what the keeper does ([`crate::keeper`]), and the order at
+    /// or above which a free block is a loss. Whole machine, max free order: every free block of the
+    /// order anywhere in play, and one the keeper can take back. Otherwise the regions the cut made.
+    pub fn keeping(&self) -> (Keep, usize) {
+        match (&self.target, self.budget) {
+            (Target::MaxFreeOrder { order, .. }, None) if self.keep => (Keep::Rebreak, *order),
+            (Target::MaxFreeOrder { order, .. }, None) => (Keep::Watch, *order),
+            _ => (Keep::Regions, self.region_order()),
+        }
+    }
 }
 
 /// Where shaping stands, for a progress bar.
@@ -121,6 +154,9 @@ pub struct Status {
     pub events: Vec<String>,
     /// Set once the target no longer holds and why.
     pub target_lost: Option<String>,
+    /// What keeping the target while holding did: blocks re-broken, time lost.
+    #[serde(default)]
+    pub keeping: Option<Keeping>,
 }
 
 /// A fragmenter holding memory in shape.
@@ -131,6 +167,7 @@ pub struct Fragmenter {
     cut: Cut,
     kept: Vec<(usize, u64)>,
     fill: PipeFill,
+    keeper: Keeper,
     status: Status,
 }
 
@@ -246,12 +283,7 @@ impl Fragmenter {
         if plan.pin == Pin::Mlock {
             arena.lock()?;
         }
-        let region_order = match &plan.target {
-            Target::MaxFreeOrder { order, .. } => *order,
-            Target::Profile { free, .. } => {
-                free.iter().rposition(|&n| n > 0).map_or(0, |o| (o + 1).min(plan.nr_orders - 1))
-            }
-        };
+        let region_order = plan.region_order();
         let mut bounds = Vec::new();
         let small_free = small_movable_free_bytes(&PageTypeInfo::read()?, region_order);
         // What populating never takes: the reserve, and a margin above a floor set over it, or the
@@ -377,6 +409,8 @@ impl Fragmenter {
             leftover_pages = Some(left);
             bounds.push(format!("fill: {ended}"));
         }
+        let (how, order) = plan.keeping();
+        let keeper = Keeper::new(how, order, plan.nr_orders, plan.floor, &mut journal)?;
         let status = Status {
             pid: std::process::id(),
             since: crate::instance::now_epoch(),
@@ -402,8 +436,9 @@ impl Fragmenter {
             bounds,
             events: Vec::new(),
             target_lost: None,
+            keeping: None,
         };
-        let mut f = Fragmenter { plan, arena, journal, cut, kept, fill, status };
+        let mut f = Fragmenter { plan, arena, journal, cut, kept, fill, keeper, status };
         f.refresh()?;
         Ok(f)
     }
@@ -413,11 +448,22 @@ impl Fragmenter {
         self.status.buddyinfo_now = BuddyInfo::read()?;
         if !self.status.naive && self.arena.pages() > 0 {
             self.status.intact = intact_blocks(&self.cut.at, self.plan.nr_orders)?;
-            let pfns = self.arena.pfns()?;
-            self.status.moved_pages =
-                self.kept.iter().filter(|&&(i, pfn)| pfns.get(i).is_some_and(|&p| p != pfn)).count() as u64;
+            self.status.moved_pages = moved_pages(&self.arena, &self.kept)?;
         }
+        self.status.keeping = Some(self.keeper.status());
         Ok(&self.status)
+    }
+
+    /// One look of the keeper ([`crate::keeper`]): every [`crate::keeper::KEEP_EVERY`] while
+    /// holding. Returns a line for the log when re-breaking had to stop.
+    pub fn keep(&mut self) -> Result<Option<String>> {
+        let (arena, kept, naive) = (&self.arena, &self.kept, self.status.naive);
+        self.keeper.look(&mut || if naive { Ok(0) } else { moved_pages(arena, kept) })
+    }
+
+    /// When the target held, for other threads (the sampler, the verdict).
+    pub fn timeline(&self) -> std::sync::Arc<std::sync::Mutex<Timeline>> {
+        self.keeper.timeline()
     }
 
     /// The frames of the pages kept in place (one or more in every region the cut opened).
@@ -445,13 +491,15 @@ impl Fragmenter {
         // Enough for the reserve and the floor both, counted in memory really freed (a chunk after
         // the cut holds a fraction of its mapping): one pass answers the pressure.
         let want = self.plan.reserve.max(self.plan.floor).saturating_sub(avail).max(CHUNK);
-        let given = self.arena.shrink(want);
+        let from_arena = self.arena.shrink(want);
+        // Blocks the keeper re-broke are as unmovable as pipe pages, and fewer: they go next.
+        let given = from_arena + self.keeper.shrink(want.saturating_sub(from_arena));
         // Pipe pages (whole-machine mode) are unmovable and keep the reserve broken up, so they go
         // last — but they go: hundreds of MiB the OOM killer would otherwise have to find.
         let from_pipes = self.fill.shrink(want.saturating_sub(given));
         self.kept.retain(|&(i, _)| i < self.arena.pages());
         self.cut.at.clear();
-        self.status.held_bytes = self.status.held_bytes.saturating_sub(given);
+        self.status.held_bytes = self.status.held_bytes.saturating_sub(from_arena);
         self.status.fill_bytes = self.fill.bytes();
         let what = format!(
             "{}: MemAvailable {} MiB fell below the floor {} MiB; gave back {} MiB{}; target lost",
@@ -466,16 +514,25 @@ impl Fragmenter {
             }
         );
         self.status.events.push(what.clone());
-        self.status.target_lost = Some("memory pressure: memory given back to avoid the OOM killer".into());
+        let lost = "memory pressure: memory given back to avoid the OOM killer";
+        self.keeper.lost_to_pressure(lost);
+        self.status.target_lost = Some(lost.into());
         Ok(Some(what))
     }
 
     /// Unmap everything and restore every sysctl.
     pub fn release(mut self) -> Result<Vec<crate::sysctl::Restored>> {
+        self.keeper.release();
         self.fill.release();
         self.arena.release();
         self.journal.restore()
     }
+}
+
+/// Kept pages no longer at the frame they had when the cut was made.
+fn moved_pages(arena: &Arena, kept: &[(usize, u64)]) -> Result<u64> {
+    let pfns = arena.pfns()?;
+    Ok(kept.iter().filter(|&&(i, pfn)| pfns.get(i).is_some_and(|&p| p != pfn)).count() as u64)
 }
 
 /// Every arena page the cut keeps, with its PFN, to notice migration later. Surplus pages are not

@@ -1,17 +1,44 @@
-//! Holding while the caller does something else: the guard on a thread of its own, so memory pressure
-//! during a ten-minute workload is answered within a fraction of a second, not when the workload ends.
+//! Holding while the caller does something else: the guard and the keeper on a thread of their own,
+//! so memory pressure during a ten-minute workload is answered within a fraction of a second and a
+//! free block that forms is taken back within milliseconds, not when the workload ends.
 
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 
 use crate::fragment::Fragmenter;
+use crate::keeper::{Timeline, KEEP_EVERY};
 
-/// How often the guard looks at MemAvailable; the same as `fraglab fragment`'s hold loop.
+/// How often the guard looks at MemAvailable; the same as `fraglab fragment`'s hold loop. The keeper
+/// looks more often ([`KEEP_EVERY`]), on the same thread.
 pub const GUARD_EVERY: Duration = Duration::from_millis(200);
+
+/// What a series of looks said. A failed look (a /proc file unreadable for a moment) must not end
+/// the guarding or keeping for the rest of the run: the first of a series is told, and the next
+/// look tries again.
+#[derive(Default)]
+pub struct Looks {
+    failing: bool,
+}
+
+impl Looks {
+    pub fn said(&mut self, look: Result<Option<String>>, what: &str) -> Option<String> {
+        match look {
+            Ok(line) => {
+                self.failing = false;
+                line
+            }
+            Err(err) if !self.failing => {
+                self.failing = true;
+                Some(format!("{what}: {err:#}"))
+            }
+            Err(_) => None,
+        }
+    }
+}
 
 /// A fragmenter whose guard runs in the background until [`Guarded::stop`].
 pub struct Guarded {
@@ -32,29 +59,23 @@ impl Guarded {
         let thread = std::thread::Builder::new()
             .name("fraglab-guard".into())
             .spawn(move || {
-                let mut failing = false;
+                let (mut keeping, mut guarding) = (Looks::default(), Looks::default());
+                let mut next_guard = Instant::now() + GUARD_EVERY;
                 loop {
-                    match stopped.recv_timeout(GUARD_EVERY) {
+                    match stopped.recv_timeout(KEEP_EVERY) {
                         Err(RecvTimeoutError::Timeout) => {}
                         // Asked to stop, or the owner is gone.
                         _ => return,
                     }
-                    // A failed look (MemAvailable unreadable for a moment) must not end the guarding
-                    // for the rest of the run: record the first of a series and look again.
-                    let event = match lock(&f).guard() {
-                        Ok(event) => {
-                            failing = false;
-                            event
-                        }
-                        Err(err) if !failing => {
-                            failing = true;
-                            Some(format!("the guard could not look at memory: {err:#}"))
-                        }
-                        Err(_) => None,
-                    };
-                    if let Some(event) = event {
-                        lock(&e).push(event);
+                    let mut fragmenter = lock(&f);
+                    let mut said = Vec::new();
+                    said.extend(keeping.said(fragmenter.keep(), "the keeper could not look at buddyinfo"));
+                    if Instant::now() >= next_guard {
+                        next_guard = Instant::now() + GUARD_EVERY;
+                        said.extend(guarding.said(fragmenter.guard(), "the guard could not look at memory"));
                     }
+                    drop(fragmenter);
+                    lock(&e).extend(said);
                 }
             })
             .expect("spawning the guard thread");
@@ -64,6 +85,11 @@ impl Guarded {
     /// Work on the fragmenter (set a sysctl through its journal, read its status); the guard waits.
     pub fn with<R>(&self, f: impl FnOnce(&mut Fragmenter) -> R) -> R {
         f(&mut lock(self.fragmenter.as_ref().expect("held until stop")))
+    }
+
+    /// When the target held, readable while the guard runs.
+    pub fn timeline(&self) -> Arc<Mutex<Timeline>> {
+        self.with(|f| f.timeline())
     }
 
     /// What the guard did since the last call, oldest first.

@@ -5,13 +5,15 @@
 //! ([`shape`]), and frees them. Sysctls go through a journal ([`sysctl`]) so they are restored on
 //! release, exit or signal, and by the next fraglab if this one was killed ([`instance`]). A holding
 //! fragmenter answers `status` and `release` on a Unix socket ([`control`]); one that holds while its
-//! caller runs workloads keeps its guard on a thread ([`hold`]).
+//! caller runs workloads keeps its guard on a thread ([`hold`]). While holding, the keeper
+//! ([`keeper`]) takes back free blocks of the target order that form, and records when the target held.
 
 pub mod arena;
 pub mod control;
 pub mod fragment;
 pub mod hold;
 pub mod instance;
+pub mod keeper;
 pub mod pipefill;
 pub mod shape;
 pub mod sysctl;

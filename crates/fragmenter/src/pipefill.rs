@@ -29,8 +29,8 @@ const DEFAULT_PIPE_BYTES: usize = 16 * PAGE_SIZE;
 const MAX_PIPE_BYTES: usize = 16 << 20;
 
 /// Descriptors left for everything else the process opens while it holds (the control socket, the
-/// log, /proc files, a run's workloads).
-const FD_MARGIN: u64 = 256;
+/// log, /proc files, a run's workloads, and the keeper's one pipe a block re-broken).
+const FD_MARGIN: u64 = 256 + crate::keeper::KEEPER_FDS as u64;
 
 /// Pipes kept full; dropping them frees their pages.
 pub struct PipeFill {

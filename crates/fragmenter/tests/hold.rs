@@ -35,6 +35,7 @@ fn plan(target: Target, budget: u64, pin: Pin) -> Plan {
         floor: 2 * min_free,
         no_proactive_compaction: false,
         nr_orders: BuddyInfo::read().unwrap().nr_orders(),
+        keep: true,
     }
 }
 

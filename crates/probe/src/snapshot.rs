@@ -182,7 +182,8 @@ fn wall_now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
-fn monotonic_ns() -> Result<u64> {
+/// CLOCK_MONOTONIC in nanoseconds, the clock every sample and run phase carries.
+pub fn monotonic_ns() -> Result<u64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec we own.
     if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {

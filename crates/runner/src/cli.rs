@@ -144,6 +144,10 @@ pub struct FragmentArgs {
     /// Also set vm.compaction_proactiveness = 0 while holding.
     #[arg(long)]
     pub no_proactive_compaction: bool,
+    /// Whole machine, max free order: do not take back free blocks of the order that form while
+    /// holding (freed memory merging, compaction); only watch and record when the target was lost.
+    #[arg(long)]
+    pub no_keep: bool,
     /// Hold in the background until `fraglab release`.
     #[arg(long)]
     pub daemon: bool,

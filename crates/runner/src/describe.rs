@@ -4,6 +4,7 @@
 
 use fraglab_fragmenter::arena::PAGE_SIZE;
 use fraglab_fragmenter::fragment::{fill_time_bound, Progress};
+use fraglab_fragmenter::keeper::{Keep, MIN_RING_ORDER};
 use fraglab_fragmenter::shape::{profile_pages, scale_profile};
 use fraglab_fragmenter::{Pin, Plan, Target};
 
@@ -119,6 +120,28 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
             Pin::None => "none: held pages stay movable; compaction may migrate them and merge the \
                           freed blocks back"
                 .into(),
+        },
+    ));
+    let (how, order) = plan.keeping();
+    lines.push((
+        "keep",
+        match how {
+            Keep::Rebreak if order < MIN_RING_ORDER => format!(
+                "watch: a free block of order ≥ {order} that forms while holding loses the target (order \
+                 {order} is below the smallest block a pipe ring can take back, {MIN_RING_ORDER})"
+            ),
+            Keep::Rebreak => format!(
+                "re-break: a free block of order ≥ {order} that forms while holding is taken back within \
+                 ~10 ms (a pipe ring of exactly its order); fs.pipe-max-size raised for the rings"
+            ),
+            Keep::Watch => format!(
+                "watch (keep = false): a free block of order ≥ {order} that forms while holding loses the \
+                 target, and is recorded, not taken back"
+            ),
+            Keep::Regions => format!(
+                "regions: held while every page the cut kept stays where it was (checked each second); \
+                 free blocks of order ≥ {order} elsewhere are reported, not chased"
+            ),
         },
     ));
     lines.push((
@@ -237,6 +260,7 @@ mod tests {
             floor: 132 << 20,
             no_proactive_compaction: false,
             nr_orders: 11,
+            keep: true,
         }
     }
 

@@ -31,6 +31,13 @@ pub struct FragmentSpec {
     pub floor: Option<String>,
     #[serde(default)]
     pub no_proactive_compaction: bool,
+    /// `false`: do not take back free blocks of the target order that form while holding; only
+    /// watch (whole machine, max free order).
+    #[serde(default = "yes")]
+    pub keep: bool,
+    /// A run's workload whose window saw the target lost for longer than this cannot say "not
+    /// reproduced" (default 100ms). Config only.
+    pub lost_tolerance: Option<String>,
 }
 
 impl From<&FragmentArgs> for FragmentSpec {
@@ -48,6 +55,8 @@ impl From<&FragmentArgs> for FragmentSpec {
             reserve: a.reserve.clone(),
             floor: a.floor.clone(),
             no_proactive_compaction: a.no_proactive_compaction,
+            keep: !a.no_keep,
+            lost_tolerance: None,
         }
     }
 }
@@ -204,5 +213,6 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         floor,
         no_proactive_compaction: spec.no_proactive_compaction,
         nr_orders: m.nr_orders,
+        keep: spec.keep,
     })
 }

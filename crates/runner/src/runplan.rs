@@ -24,6 +24,8 @@ pub struct RunPlan {
     pub config_path: PathBuf,
     pub config_text: String,
     pub fragment: Option<fraglab_fragmenter::Plan>,
+    /// A workload window whose target was lost for longer than this cannot say "not reproduced".
+    pub lost_tolerance: Duration,
     pub monitors: BTreeSet<Monitor>,
     pub interval: Duration,
     pub catch_min_order: u32,
@@ -55,6 +57,10 @@ pub struct Expect {
     pub failed_in: Vec<String>,
 }
 
+/// How long a workload's window may see the target lost and still say "not reproduced": ten of the
+/// keeper's looks — a block seen and re-broken at one look counts from the look before it.
+pub const DEFAULT_LOST_TOLERANCE: Duration = Duration::from_millis(100);
+
 /// Build the plan. `m` is what the machine allows, read once by the caller.
 pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
     if cfg.run.name.trim().is_empty() || cfg.run.name.contains('/') {
@@ -66,6 +72,11 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
     let fragment = match &cfg.fragment {
         Some(spec) if spec.enabled => Some(resolve::fragment(spec, m, &|k| src.locate(&["fragment", k]))?),
         _ => None,
+    };
+    let lost_tolerance = match cfg.fragment.as_ref().and_then(|f| f.lost_tolerance.as_deref()) {
+        None => DEFAULT_LOST_TOLERANCE,
+        Some(t) => parse_duration(t)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", src.locate(&["fragment", "lost_tolerance"])))?,
     };
     let interval = parse_duration(&cfg.probe.interval)
         .map_err(|e| anyhow::anyhow!("{}: {e}", src.locate(&["probe", "interval"])))?;
@@ -181,6 +192,7 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
         config_path: src.path.clone(),
         config_text: src.text.clone(),
         fragment,
+        lost_tolerance,
         monitors,
         interval,
         catch_min_order: cfg.probe.catch_min_order,

@@ -7,12 +7,14 @@ use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use fraglab_fragmenter::control::{self, Request};
 use fraglab_fragmenter::fragment::{Fragmenter, Progress, Stopped};
+use fraglab_fragmenter::hold::{Looks, GUARD_EVERY};
 use fraglab_fragmenter::instance::Instance;
+use fraglab_fragmenter::keeper::KEEP_EVERY;
 use fraglab_fragmenter::sysctl::Journal;
 use fraglab_fragmenter::{Plan, Status};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -155,7 +157,10 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
         eprintln!("holding; Ctrl-C (or `fraglab release`) gives it back, `fraglab status` shows it");
     }
 
-    // The hold: answer the socket, guard against memory pressure, stop on release or a signal.
+    // The hold: answer the socket, keep the target, guard against memory pressure, stop on release
+    // or a signal.
+    let (mut keeping, mut guarding) = (Looks::default(), Looks::default());
+    let mut next_guard = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let release = control::serve_pending(&listener, |req| match req {
             Request::Status => match fragmenter.refresh() {
@@ -167,10 +172,16 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
         if release {
             break;
         }
-        if let Some(event) = fragmenter.guard()? {
-            eprintln!("fraglab: {event}");
+        if let Some(line) = keeping.said(fragmenter.keep(), "the keeper could not look at buddyinfo") {
+            eprintln!("fraglab: {line}");
         }
-        std::thread::sleep(Duration::from_millis(200));
+        if Instant::now() >= next_guard {
+            next_guard = Instant::now() + GUARD_EVERY;
+            if let Some(line) = guarding.said(fragmenter.guard(), "the guard could not look at memory") {
+                eprintln!("fraglab: {line}");
+            }
+        }
+        std::thread::sleep(KEEP_EVERY);
     }
     let restored = fragmenter.release()?;
     drop(listener);

@@ -1,0 +1,503 @@
+//! Keeping the target while holding, and knowing when it held.
+//!
+//! Pinned pages keep every region the cut made from merging, but the rest of memory — the reserve
+//! fraglab did not take, the kernel's own — is freed and allocated all through a run: page tables,
+//! exiting threads' stacks, a workload's own high-order buffers, blocks direct compaction builds out
+//! of page cache. When such memory merges into a free block at or above the target order, the next
+//! allocation that needs one gets it. Measured in a Debian 6.1 guest held at max free order 4:
+//! `configs/sctp-lo-mtu64k.toml` said "not reproduced" in one run of three, every 32 KiB send served
+//! (33 of 33), because one order-4 skb that compaction found kept being freed and re-allocated.
+//!
+//! So while holding a whole machine the keeper looks at /proc/buddyinfo every 10 ms and takes every
+//! such block back with a kernel allocation of exactly its order: a pipe's ring of `struct
+//! pipe_buffer` (40 bytes a slot), grown with F_SETPIPE_SZ, is one kcalloc, and above 8 KiB kmalloc
+//! hands the request to the page allocator as one block of order get_order(size) — 2^(o+6) slots is
+//! exactly order o for every o ≥ 2. The request is unmovable: it takes the smallest free block of at
+//! least that order of its own migratetype, or steals one of another; when the only free blocks of
+//! the target order or above are the ones that just formed, those are what it gets. Asked only when
+//! buddyinfo shows such a block, it never sends the allocator into reclaim or compaction, except in
+//! the race where someone else took the block first (counted as `refused`, and backed off).
+//!
+//! In budget mode, and for a profile target, the target is the regions the cut made: a free block at
+//! or above their order can form inside one only if its kept page moves, which pinning forbids (and
+//! which no allocation from user space could undo: the kernel, not the caller, picks the block). The
+//! keeper checks the kept pages every second and counts a move as a loss; blocks that form outside
+//! the regions are reported, not chased.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use fraglab_probe::buddyinfo::BuddyInfo;
+use serde::{Deserialize, Serialize};
+
+use crate::arena::PAGE_SIZE;
+use crate::sysctl::Journal;
+
+/// How often the keeper looks at buddyinfo while re-breaking (about 1 % of a core here).
+pub const KEEP_EVERY: Duration = Duration::from_millis(10);
+
+/// How often the kept pages are checked in regions mode: a pagemap read, ~10 ms a GiB held.
+const REGIONS_EVERY: Duration = Duration::from_secs(1);
+
+/// After the kernel refused a re-break (the block was taken first, or a zone's lowmem reserve keeps
+/// it from GFP_KERNEL): wait this long before asking again, so a block we cannot have does not send
+/// us into the allocator's slow path a hundred times a second.
+const BACKOFF: Duration = Duration::from_millis(200);
+
+/// The smallest order a pipe ring can be exactly: below 8 KiB kmalloc serves it from a slab.
+pub const MIN_RING_ORDER: usize = 2;
+
+/// MemAvailable the keeper leaves above the floor. It takes back memory that was just freed (so
+/// MemAvailable rose by as much first), but never so much that the guard would give up the hold.
+const ABOVE_FLOOR: u64 = 32 << 20;
+
+/// Descriptors the keeper may hold, one per block re-broken; the whole-machine pipe fill leaves them
+/// free (`pipefill`).
+pub const KEEPER_FDS: usize = 1024;
+
+/// Losses kept for the record; a longer hold merges the rest into the last one.
+const MAX_LOSSES: usize = 100_000;
+
+/// What "the target holds" means for a hold, and what the keeper does about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Keep {
+    /// Whole machine, max free order k: no free block of order ≥ k in the zones in play (all but
+    /// DMA); blocks that form are re-broken.
+    Rebreak,
+    /// The same check without re-breaking (`keep = false`, or a target order below
+    /// [`MIN_RING_ORDER`]).
+    Watch,
+    /// A budget or a profile: held while every page the cut kept is where it was. Free blocks
+    /// elsewhere are reported, not chased.
+    Regions,
+}
+
+/// What the keeper did, for status and run.json.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Keeping {
+    pub how: Keep,
+    /// A free block of this order or above in the zones in play is a loss.
+    pub order: usize,
+    /// Why the keeper does not (or no longer) re-break, when it does not.
+    pub note: Option<String>,
+    /// Looks at the kernel.
+    pub looks: u64,
+    /// Blocks re-broken, per order.
+    pub rebroken: Vec<u64>,
+    /// Memory re-breaking added to the hold.
+    pub added_bytes: u64,
+    /// Pipes holding it (one a block).
+    pub pipes: usize,
+    /// Re-breaks the kernel refused (ENOMEM): the block was gone by the time we asked.
+    pub refused: u64,
+    /// Time the target was lost in all, each loss counted from the look before it was seen.
+    pub lost_ns: u64,
+    pub losses: u64,
+    /// The thread that looks and re-breaks: its own failed allocations are fraglab's, not a
+    /// workload's, and a failure catcher must leave them out.
+    pub tid: Option<i32>,
+    /// CPU time spent looking and re-breaking.
+    pub cpu_ns: u64,
+}
+
+/// A stretch of time during which the target did not hold.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Loss {
+    /// CLOCK_MONOTONIC, the clock probe.jsonl samples and run phases carry.
+    pub start_ns: u64,
+    /// `None` while still lost.
+    pub end_ns: Option<u64>,
+    /// The worst seen during it: `3 order-6 blocks free in DMA32`, `memory pressure: …`.
+    pub why: String,
+    /// Free pages at or above the order when it was worst; `u64::MAX` for a loss that cannot end.
+    pub pages: u64,
+}
+
+/// Free pages at or above the target order in one zone, at the last look.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZoneAbove {
+    /// `Node 0, zone DMA32`.
+    pub zone: String,
+    pub pages: u64,
+    /// Whether it counts against the target (zones in play), or is only reported.
+    pub in_play: bool,
+}
+
+/// When the target held: shared with whoever records samples and judges workload windows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Timeline {
+    pub losses: Vec<Loss>,
+    /// The last look, per zone.
+    pub now: Vec<ZoneAbove>,
+    pub last_look_ns: u64,
+}
+
+/// How much of a window the target was lost for, and the worst of it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Lost {
+    pub ns: u64,
+    pub losses: u64,
+    pub worst: Option<String>,
+}
+
+impl Timeline {
+    /// The part of `[start_ns, end_ns]` the target was lost for.
+    pub fn lost_within(&self, start_ns: u64, end_ns: u64) -> Lost {
+        let mut lost = Lost::default();
+        let mut worst = 0;
+        for l in &self.losses {
+            let (s, e) = (l.start_ns.max(start_ns), l.end_ns.unwrap_or(u64::MAX).min(end_ns));
+            if s >= e {
+                continue;
+            }
+            lost.ns += e - s;
+            lost.losses += 1;
+            if lost.worst.is_none() || l.pages > worst {
+                worst = l.pages;
+                lost.worst = Some(l.why.clone());
+            }
+        }
+        lost
+    }
+
+    fn open(&mut self, since_ns: u64, why: String, pages: u64) {
+        let full = self.losses.len() >= MAX_LOSSES;
+        match self.losses.last_mut() {
+            Some(l) if l.end_ns.is_none() => {
+                if pages > l.pages {
+                    (l.why, l.pages) = (why, pages);
+                }
+            }
+            Some(l) if full => {
+                l.end_ns = None;
+                l.why = format!("{why} (and more losses than the record keeps)");
+            }
+            _ => self.losses.push(Loss { start_ns: since_ns, end_ns: None, why, pages }),
+        }
+    }
+
+    fn close(&mut self, at_ns: u64) {
+        if let Some(l) = self.losses.last_mut().filter(|l| l.end_ns.is_none() && l.pages != u64::MAX) {
+            l.end_ns = Some(at_ns);
+        }
+    }
+
+    fn is_lost(&self) -> bool {
+        self.losses.last().is_some_and(|l| l.end_ns.is_none())
+    }
+}
+
+/// The keeper of one hold.
+pub struct Keeper {
+    status: Keeping,
+    /// Re-broken blocks, as (order, the pipe whose ring holds it).
+    pipes: Vec<(usize, OwnedFd)>,
+    timeline: Arc<Mutex<Timeline>>,
+    /// MemAvailable re-breaking never goes below.
+    keep_available: u64,
+    last_regions_look: Option<Instant>,
+    backoff_until: Option<Instant>,
+    /// Kept pages found moved so far (regions mode).
+    moved: u64,
+}
+
+impl Keeper {
+    /// A keeper for a hold of `order` (the max free order, or the order of a profile's regions).
+    /// Re-breaking raises `fs.pipe-max-size` through `journal` so a ring of every order up to the
+    /// kernel's largest can be asked for.
+    pub fn new(
+        how: Keep,
+        order: usize,
+        nr_orders: usize,
+        floor: u64,
+        journal: &mut Journal,
+    ) -> Result<Keeper> {
+        let mut note = None;
+        let how = match how {
+            Keep::Rebreak if order < MIN_RING_ORDER => {
+                note = Some(format!(
+                    "free blocks of order {order} cannot be re-broken: the smallest exact kernel \
+                     allocation fraglab can make is a pipe ring of order {MIN_RING_ORDER}; watching only"
+                ));
+                Keep::Watch
+            }
+            how => how,
+        };
+        if how == Keep::Rebreak {
+            let most = PAGE_SIZE << (nr_orders - 1 + 6);
+            let max = crate::sysctl::read("fs.pipe-max-size")?.parse::<usize>().unwrap_or(0);
+            if max < most {
+                journal.set("fs.pipe-max-size", &most.to_string())?;
+            }
+        }
+        Ok(Keeper {
+            status: Keeping {
+                how,
+                order,
+                note,
+                looks: 0,
+                rebroken: vec![0; nr_orders],
+                added_bytes: 0,
+                pipes: 0,
+                refused: 0,
+                lost_ns: 0,
+                losses: 0,
+                tid: None,
+                cpu_ns: 0,
+            },
+            pipes: Vec::new(),
+            timeline: Arc::default(),
+            keep_available: floor + ABOVE_FLOOR,
+            last_regions_look: None,
+            backoff_until: None,
+            moved: 0,
+        })
+    }
+
+    /// When the target held, for samplers and verdicts on other threads.
+    pub fn timeline(&self) -> Arc<Mutex<Timeline>> {
+        Arc::clone(&self.timeline)
+    }
+
+    pub fn status(&self) -> Keeping {
+        let t = lock(&self.timeline);
+        let now = fraglab_probe::snapshot::monotonic_ns().unwrap_or(0);
+        let lost = t.lost_within(0, now);
+        Keeping { lost_ns: lost.ns, losses: lost.losses, ..self.status.clone() }
+    }
+
+    /// One look. `moved` counts the kept pages no longer where the cut left them (asked for in
+    /// regions mode only, once a second). Returns a line for the log when something changed that a
+    /// user should hear about (re-breaking stopped); every block re-broken is in the status instead.
+    pub fn look(&mut self, moved: &mut dyn FnMut() -> Result<u64>) -> Result<Option<String>> {
+        if self.status.how == Keep::Regions
+            && self.last_regions_look.is_some_and(|t| t.elapsed() < REGIONS_EVERY)
+        {
+            return Ok(None);
+        }
+        let cpu = thread_cpu_ns();
+        let out = self.look_now(moved);
+        self.status.cpu_ns += thread_cpu_ns().saturating_sub(cpu);
+        out
+    }
+
+    fn look_now(&mut self, moved: &mut dyn FnMut() -> Result<u64>) -> Result<Option<String>> {
+        self.status.looks += 1;
+        self.status.tid = Some(nix::unistd::gettid().as_raw());
+        let before = self.last_look_ns();
+        let now_ns = fraglab_probe::snapshot::monotonic_ns()?;
+        let b = BuddyInfo::read()?;
+        let zones = above(&b, self.status.order);
+        lock(&self.timeline).now = zones.clone();
+        lock(&self.timeline).last_look_ns = now_ns;
+        if self.status.how == Keep::Regions {
+            self.last_regions_look = Some(Instant::now());
+            let m = moved()?;
+            if m > self.moved {
+                self.moved = m;
+                // A moved page does not come back: its region may be free as a whole from now on.
+                let why = format!(
+                    "{m} kept pages moved (migrated): the regions they kept may hold free blocks of order ≥ {}",
+                    self.status.order
+                );
+                let mut t = lock(&self.timeline);
+                t.close(now_ns);
+                t.losses.push(Loss { start_ns: before, end_ns: None, why, pages: u64::MAX });
+            }
+            return Ok(None);
+        }
+        let found: u64 = zones.iter().filter(|z| z.in_play).map(|z| z.pages).sum();
+        if found == 0 {
+            lock(&self.timeline).close(now_ns);
+            return Ok(None);
+        }
+        lock(&self.timeline).open(before, describe(&b, self.status.order), found);
+        if self.status.how != Keep::Rebreak || self.backoff_until.is_some_and(|t| Instant::now() < t) {
+            return Ok(None);
+        }
+        self.backoff_until = None;
+        let said = self.rebreak(&b)?;
+        let after = BuddyInfo::read()?;
+        let left: u64 = above(&after, self.status.order).iter().filter(|z| z.in_play).map(|z| z.pages).sum();
+        if left == 0 {
+            lock(&self.timeline).close(fraglab_probe::snapshot::monotonic_ns()?);
+        }
+        Ok(said)
+    }
+
+    fn last_look_ns(&self) -> u64 {
+        let t = lock(&self.timeline).last_look_ns;
+        if t > 0 {
+            t
+        } else {
+            fraglab_probe::snapshot::monotonic_ns().unwrap_or(0)
+        }
+    }
+
+    /// Take every free block of the order or above that `b` shows in the zones in play, largest
+    /// first. Returns a line when re-breaking had to stop for good.
+    fn rebreak(&mut self, b: &BuddyInfo) -> Result<Option<String>> {
+        let k = self.status.order;
+        let mut wanted = vec![0u64; b.nr_orders()];
+        for z in b.zones.iter().filter(|z| in_play(&z.zone)) {
+            for (o, &n) in z.free.iter().enumerate().skip(k) {
+                wanted[o] += n;
+            }
+        }
+        let mut available = crate::fragment::mem_available()?;
+        for o in (k..wanted.len()).rev() {
+            for _ in 0..wanted[o] {
+                let bytes = (PAGE_SIZE as u64) << o;
+                let stop = if available < self.keep_available + bytes {
+                    Some(format!(
+                        "stopped re-breaking: an order-{o} block would take MemAvailable {} MiB below {} MiB \
+                         (the floor and a margin)",
+                        available >> 20,
+                        self.keep_available >> 20
+                    ))
+                } else if self.pipes.len() >= KEEPER_FDS {
+                    Some(format!("stopped re-breaking: {KEEPER_FDS} blocks re-broken, one descriptor each"))
+                } else {
+                    None
+                };
+                if let Some(why) = stop {
+                    return Ok(Some(self.stop_rebreaking(why)));
+                }
+                match ring(o) {
+                    Ok(fd) => {
+                        self.pipes.push((o, fd));
+                        self.status.rebroken[o] += 1;
+                        self.status.added_bytes += bytes;
+                        self.status.pipes = self.pipes.len();
+                        available -= bytes;
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                        self.status.refused += 1;
+                        self.backoff_until = Some(Instant::now() + BACKOFF);
+                        return Ok(None);
+                    }
+                    Err(e) => {
+                        let why = format!("stopped re-breaking: a pipe ring of order {o}: {e}");
+                        return Ok(Some(self.stop_rebreaking(why)));
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn stop_rebreaking(&mut self, why: String) -> String {
+        self.status.how = Keep::Watch;
+        self.status.note = Some(why.clone());
+        why
+    }
+
+    /// Memory pressure: the guard gave memory back, so the target is gone for the rest of the hold,
+    /// and re-breaking would only take memory the machine needs.
+    pub fn lost_to_pressure(&mut self, why: &str) {
+        if self.status.how == Keep::Rebreak {
+            self.stop_rebreaking(format!("stopped re-breaking: {why}"));
+        }
+        let now = fraglab_probe::snapshot::monotonic_ns().unwrap_or(0);
+        let mut t = lock(&self.timeline);
+        t.close(now);
+        t.losses.push(Loss { start_ns: now, end_ns: None, why: why.to_string(), pages: u64::MAX });
+    }
+
+    /// Give back re-broken blocks, newest first, until `bytes` are freed. Returns the bytes freed.
+    pub fn shrink(&mut self, bytes: u64) -> u64 {
+        let mut given = 0;
+        while given < bytes {
+            let Some((o, _)) = self.pipes.pop() else { break };
+            given += (PAGE_SIZE as u64) << o;
+        }
+        self.status.added_bytes -= given;
+        self.status.pipes = self.pipes.len();
+        given
+    }
+
+    /// Whether the target is lost right now.
+    pub fn is_lost(&self) -> bool {
+        lock(&self.timeline).is_lost()
+    }
+
+    /// Give every re-broken block back.
+    pub fn release(&mut self) {
+        self.pipes.clear();
+        self.status.pipes = 0;
+    }
+}
+
+/// The zones a whole-machine target covers: all but DMA, which lowmem_reserve keeps out of reach of
+/// every ordinary allocation while fraglab holds (`vm.lowmem_reserve_ratio`).
+pub fn in_play(zone: &str) -> bool {
+    zone != "DMA"
+}
+
+/// Free pages at or above `order`, per zone.
+pub fn above(b: &BuddyInfo, order: usize) -> Vec<ZoneAbove> {
+    b.zones
+        .iter()
+        .map(|z| ZoneAbove {
+            zone: z.label(),
+            pages: z.free_pages_at_or_above(order),
+            in_play: in_play(&z.zone),
+        })
+        .collect()
+}
+
+/// `3 order-6 and 1 order-7 blocks free in DMA32` for every zone in play that has any.
+pub fn describe(b: &BuddyInfo, order: usize) -> String {
+    let parts: Vec<String> = b
+        .zones
+        .iter()
+        .filter(|z| in_play(&z.zone) && z.free_pages_at_or_above(order) > 0)
+        .map(|z| {
+            let blocks: Vec<String> = z
+                .free
+                .iter()
+                .enumerate()
+                .skip(order)
+                .filter(|(_, &n)| n > 0)
+                .map(|(o, &n)| format!("{n} order-{o}"))
+                .collect();
+            let zone = if b.zones.iter().any(|o| o.node != 0) { z.label() } else { z.zone.clone() };
+            let n: u64 = z.free.iter().skip(order).sum();
+            format!("{} block{} free in {zone}", blocks.join(", "), if n == 1 { "" } else { "s" })
+        })
+        .collect();
+    parts.join("; ")
+}
+
+/// One kernel allocation of exactly `order` (≥ [`MIN_RING_ORDER`]): a new pipe whose slot array is
+/// grown to 2^(order+6) slots of 40 bytes. The read end is closed; the ring lives until the write
+/// end does.
+fn ring(order: usize) -> std::io::Result<OwnedFd> {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    drop(r);
+    let bytes = (PAGE_SIZE << (order + 6)) as libc::c_int;
+    // SAFETY: F_SETPIPE_SZ on a pipe we own.
+    if unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, bytes) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(w)
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(0, |t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+}
+
+/// A panic elsewhere must not stop the keeping: the data under the lock stays valid.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Read the record of a hold: `Context` for callers that want it.
+pub fn lost_within(timeline: &Mutex<Timeline>, start_ns: u64, end_ns: u64) -> Lost {
+    lock(timeline).lost_within(start_ns, end_ns)
+}
