@@ -410,7 +410,7 @@ impl Fragmenter {
             bounds.push(format!("fill: {ended}"));
         }
         let (how, order) = plan.keeping();
-        let keeper = Keeper::new(how, order, plan.nr_orders, plan.floor, &mut journal)?;
+        let keeper = Keeper::new(how, order, plan.nr_orders, fill_keeps(&plan), &mut journal)?;
         let status = Status {
             pid: std::process::id(),
             since: crate::instance::now_epoch(),
@@ -439,6 +439,8 @@ impl Fragmenter {
             keeping: None,
         };
         let mut f = Fragmenter { plan, arena, journal, cut, kept, fill, keeper, status };
+        // The hold's first look: its record starts with the hold.
+        f.keep_now()?;
         f.refresh()?;
         Ok(f)
     }
@@ -457,8 +459,18 @@ impl Fragmenter {
     /// One look of the keeper ([`crate::keeper`]): every [`crate::keeper::KEEP_EVERY`] while
     /// holding. Returns a line for the log when re-breaking had to stop.
     pub fn keep(&mut self) -> Result<Option<String>> {
+        self.look(false)
+    }
+
+    /// A look now, also in regions mode (whose kept pages are otherwise checked once a second): what
+    /// a workload window is judged by once it ends.
+    pub fn keep_now(&mut self) -> Result<Option<String>> {
+        self.look(true)
+    }
+
+    fn look(&mut self, now: bool) -> Result<Option<String>> {
         let (arena, kept, naive) = (&self.arena, &self.kept, self.status.naive);
-        self.keeper.look(&mut || if naive { Ok(0) } else { moved_pages(arena, kept) })
+        self.keeper.look(now, &mut || if naive { Ok(0) } else { moved_pages(arena, kept) })
     }
 
     /// When the target held, for other threads (the sampler, the verdict).

@@ -49,9 +49,9 @@ const BACKOFF: Duration = Duration::from_millis(200);
 /// The smallest order a pipe ring can be exactly: below 8 KiB kmalloc serves it from a slab.
 pub const MIN_RING_ORDER: usize = 2;
 
-/// MemAvailable the keeper leaves above the floor. It takes back memory that was just freed (so
-/// MemAvailable rose by as much first), but never so much that the guard would give up the hold.
-const ABOVE_FLOOR: u64 = 32 << 20;
+/// Blocks re-broken in one look at most, so the fragmenter is not held from the guard (and a
+/// status request) for long; the rest wait for the next look, 10 ms on.
+const MAX_PER_LOOK: usize = 64;
 
 /// Descriptors the keeper may hold, one per block re-broken; the whole-machine pipe fill leaves them
 /// free (`pipefill`).
@@ -196,7 +196,7 @@ pub struct Keeper {
     /// Re-broken blocks, as (order, the pipe whose ring holds it).
     pipes: Vec<(usize, OwnedFd)>,
     timeline: Arc<Mutex<Timeline>>,
-    /// MemAvailable re-breaking never goes below.
+    /// MemAvailable re-breaking never goes below: what the pipe fill leaves too (the reserve).
     keep_available: u64,
     last_regions_look: Option<Instant>,
     backoff_until: Option<Instant>,
@@ -206,13 +206,13 @@ pub struct Keeper {
 
 impl Keeper {
     /// A keeper for a hold of `order` (the max free order, or the order of a profile's regions).
-    /// Re-breaking raises `fs.pipe-max-size` through `journal` so a ring of every order up to the
-    /// kernel's largest can be asked for.
+    /// Re-breaking never takes MemAvailable below `keep_available`, and raises `fs.pipe-max-size`
+    /// through `journal` so a ring of every order up to the kernel's largest can be asked for.
     pub fn new(
         how: Keep,
         order: usize,
         nr_orders: usize,
-        floor: u64,
+        keep_available: u64,
         journal: &mut Journal,
     ) -> Result<Keeper> {
         let mut note = None;
@@ -250,7 +250,7 @@ impl Keeper {
             },
             pipes: Vec::new(),
             timeline: Arc::default(),
-            keep_available: floor + ABOVE_FLOOR,
+            keep_available,
             last_regions_look: None,
             backoff_until: None,
             moved: 0,
@@ -270,10 +270,12 @@ impl Keeper {
     }
 
     /// One look. `moved` counts the kept pages no longer where the cut left them (asked for in
-    /// regions mode only, once a second). Returns a line for the log when something changed that a
-    /// user should hear about (re-breaking stopped); every block re-broken is in the status instead.
-    pub fn look(&mut self, moved: &mut dyn FnMut() -> Result<u64>) -> Result<Option<String>> {
-        if self.status.how == Keep::Regions
+    /// regions mode only, once a second unless `now`). Returns a line for the log when something
+    /// changed that a user should hear about (re-breaking stopped); every block re-broken is in the
+    /// status instead.
+    pub fn look(&mut self, now: bool, moved: &mut dyn FnMut() -> Result<u64>) -> Result<Option<String>> {
+        if !now
+            && self.status.how == Keep::Regions
             && self.last_regions_look.is_some_and(|t| t.elapsed() < REGIONS_EVERY)
         {
             return Ok(None);
@@ -348,22 +350,29 @@ impl Keeper {
             }
         }
         let mut available = crate::fragment::mem_available()?;
+        let mut asked = 0;
         for o in (k..wanted.len()).rev() {
             for _ in 0..wanted[o] {
+                if asked == MAX_PER_LOOK {
+                    return Ok(None);
+                }
+                asked += 1;
                 let bytes = (PAGE_SIZE as u64) << o;
-                let stop = if available < self.keep_available + bytes {
-                    Some(format!(
-                        "stopped re-breaking: an order-{o} block would take MemAvailable {} MiB below {} MiB \
-                         (the floor and a margin)",
+                if available < self.keep_available + bytes {
+                    // Memory a workload holds for a moment may come back: try again later, and let
+                    // the record show the loss meanwhile.
+                    self.status.note = Some(format!(
+                        "re-breaking paused: an order-{o} block would take MemAvailable {} MiB below {} MiB \
+                         (what the hold leaves the machine)",
                         available >> 20,
                         self.keep_available >> 20
-                    ))
-                } else if self.pipes.len() >= KEEPER_FDS {
-                    Some(format!("stopped re-breaking: {KEEPER_FDS} blocks re-broken, one descriptor each"))
-                } else {
-                    None
-                };
-                if let Some(why) = stop {
+                    ));
+                    self.backoff_until = Some(Instant::now() + BACKOFF);
+                    return Ok(None);
+                }
+                if self.pipes.len() >= KEEPER_FDS {
+                    let why =
+                        format!("stopped re-breaking: {KEEPER_FDS} blocks re-broken, one descriptor each");
                     return Ok(Some(self.stop_rebreaking(why)));
                 }
                 match ring(o) {
@@ -500,4 +509,67 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Read the record of a hold: `Context` for callers that want it.
 pub fn lost_within(timeline: &Mutex<Timeline>, start_ns: u64, end_ns: u64) -> Lost {
     lock(timeline).lost_within(start_ns, end_ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Debian 6.1 guest right after boot (crates/probe/tests/captures/guest-6.1/README.md).
+    fn guest_after_boot() -> BuddyInfo {
+        let text = include_str!("../../probe/tests/captures/guest-6.1/buddyinfo");
+        BuddyInfo::parse(text, "guest-6.1/buddyinfo").unwrap()
+    }
+
+    #[test]
+    fn a_loss_names_every_order_in_the_zones_in_play_and_not_dma() {
+        let b = guest_after_boot();
+        assert_eq!(
+            describe(&b, 4),
+            "1 order-4, 2 order-5, 1 order-6, 2 order-7, 2 order-8, 3 order-9, 223 order-10 blocks free in DMA32"
+        );
+        assert_eq!(describe(&b, 10), "223 order-10 blocks free in DMA32");
+        let zones = above(&b, 9);
+        assert_eq!(zones[0].zone, "Node 0, zone DMA");
+        assert_eq!((zones[0].pages, zones[0].in_play), (3 * 1024 + 512, false));
+        assert_eq!((zones[1].pages, zones[1].in_play), (223 * 1024 + 3 * 512, true));
+    }
+
+    fn loss(start_ns: u64, end_ns: Option<u64>, pages: u64) -> Loss {
+        Loss { start_ns, end_ns, why: format!("{pages} pages"), pages }
+    }
+
+    #[test]
+    fn lost_within_counts_only_the_overlap_and_names_the_worst() {
+        let t = Timeline {
+            losses: vec![loss(100, Some(130), 16), loss(500, Some(520), 2048), loss(900, None, 32)],
+            ..Timeline::default()
+        };
+        // A window that starts inside the first loss and ends inside the open one.
+        let lost = t.lost_within(120, 1000);
+        assert_eq!((lost.ns, lost.losses), (10 + 20 + 100, 3));
+        assert_eq!(lost.worst.as_deref(), Some("2048 pages"));
+        // Before, between and exactly at the edges of losses: nothing.
+        assert_eq!(t.lost_within(0, 100), Lost::default());
+        assert_eq!(t.lost_within(130, 500), Lost::default());
+        // An open loss runs to the window's end however late it is.
+        assert_eq!(t.lost_within(950, 10_000_000).ns, 10_000_000 - 950);
+    }
+
+    #[test]
+    fn a_loss_stays_open_until_a_look_sees_none_and_pressure_never_closes() {
+        let mut t = Timeline::default();
+        t.open(10, "small".into(), 16);
+        t.open(20, "large".into(), 4096);
+        t.open(30, "small again".into(), 16);
+        assert_eq!(t.losses.len(), 1, "one loss while it lasts, from the look before it was seen");
+        assert_eq!((t.losses[0].start_ns, t.losses[0].why.as_str()), (10, "large"));
+        t.close(40);
+        assert!(!t.is_lost());
+        t.close(50);
+        assert_eq!(t.losses[0].end_ns, Some(40), "closing twice keeps the first end");
+        t.losses.push(loss(60, None, u64::MAX));
+        t.close(70);
+        assert!(t.is_lost(), "memory given back does not come back");
+    }
 }

@@ -549,6 +549,10 @@ pub struct FragmentSide {
     pub missing: Vec<u64>,
     pub moved_pages: Option<u64>,
     pub target_lost: Option<String>,
+    /// What the keeper did while holding, in words (runs recorded before the keeper: None).
+    pub keeping: Option<String>,
+    /// Workload windows whose target held, of those recorded.
+    pub windows_held: Option<(usize, usize)>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -635,6 +639,14 @@ fn fragment_side(r: &RunData) -> FragmentSide {
         missing: list(&f["missing"]),
         moved_pages: f["moved_pages"].as_u64(),
         target_lost: f["target_lost"].as_str().map(String::from),
+        keeping: serde_json::from_value::<fraglab_fragmenter::keeper::Keeping>(f["keeping"].clone())
+            .ok()
+            .map(|k| crate::describe::keeping(&k)),
+        windows_held: {
+            let judged: Vec<bool> =
+                r.workloads.iter().filter_map(|w| w["target"]["held"].as_bool()).collect();
+            (!judged.is_empty()).then(|| (judged.iter().filter(|&&h| h).count(), judged.len()))
+        },
     }
 }
 

@@ -304,14 +304,13 @@ fn pipeline(
                     }
                 };
                 let end_ns = monotonic_ns();
-                let target = timeline.as_ref().map(|t| {
-                    WindowTarget::judge(
-                        lost_after_look(t, start_ns, end_ns),
-                        start_ns,
-                        end_ns,
-                        plan.lost_tolerance,
-                    )
-                });
+                let target = match (&kernel, &timeline) {
+                    (Held::Fragmented(g), Some(t)) => {
+                        let lost = lost_in_window(g, t, start_ns, end_ns);
+                        Some(WindowTarget::judge(lost, start_ns, end_ns, plan.lost_tolerance))
+                    }
+                    _ => None,
+                };
                 eprint!("{}", crate::commands::workload::summary(&result));
                 if let Some(t) = target.as_ref().filter(|t| !t.held) {
                     eprintln!("  target    {}", t.lost_text());
@@ -490,28 +489,17 @@ fn monotonic_ns() -> u64 {
     fraglab_probe::snapshot::monotonic_ns().expect("CLOCK_MONOTONIC exists")
 }
 
-/// How long a window's judgement waits for the keeper's first look after the window.
-const LOOK_AFTER_BOUND: Duration = Duration::from_secs(1);
-
 /// The part of a workload's window the target was lost for. A block that formed in the window's
-/// last moments is seen only at the keeper's next look, so wait for one (at most
-/// [`LOOK_AFTER_BOUND`]; a keeper that did not look by then is said in the result).
-fn lost_after_look(timeline: &Mutex<Timeline>, start_ns: u64, end_ns: u64) -> Lost {
-    let lock = || timeline.lock().unwrap_or_else(|e| e.into_inner());
-    let waited = Instant::now();
-    while lock().last_look_ns <= end_ns {
-        if waited.elapsed() > LOOK_AFTER_BOUND {
-            let mut lost = lock().lost_within(start_ns, end_ns);
-            let note = format!(
-                "the keeper had not looked {} s after the window (the bound): its last moments are unknown",
-                LOOK_AFTER_BOUND.as_secs()
-            );
-            lost.worst = Some(lost.worst.map_or(note.clone(), |w| format!("{w}; {note}")));
-            return lost;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+/// last moments would be seen only at the keeper's next look (a kept page's move, a second later):
+/// look now, then judge.
+fn lost_in_window(g: &Guarded, timeline: &Mutex<Timeline>, start_ns: u64, end_ns: u64) -> Lost {
+    let looked = g.with(|f| f.keep_now());
+    let mut lost = timeline.lock().unwrap_or_else(|e| e.into_inner()).lost_within(start_ns, end_ns);
+    if let Err(e) = looked {
+        let note = format!("the look after the window failed ({e:#}): its last moments are unknown");
+        lost.worst = Some(lost.worst.map_or(note.clone(), |w| format!("{w}; {note}")));
     }
-    lock().lost_within(start_ns, end_ns)
+    lost
 }
 
 /// How [`preflight`] may look: a run uses what it checks, a dry run must change nothing.

@@ -129,6 +129,30 @@ pub fn render(dir: &Path) -> Result<String> {
                 cells(&z["free"])
             );
         }
+        if let Ok(k) = serde_json::from_value::<fraglab_fragmenter::keeper::Keeping>(f["keeping"].clone()) {
+            o += &format!("  {}\n", crate::describe::keeping(&k));
+        }
+        let windows: Vec<&Value> =
+            workloads.as_array().into_iter().flatten().filter(|w| w["target"].is_object()).collect();
+        let lost: Vec<&&Value> = windows.iter().filter(|w| w["target"]["held"] == false).collect();
+        if !windows.is_empty() {
+            o += &format!(
+                "  target held in {} of {} workload windows\n",
+                windows.len() - lost.len(),
+                windows.len()
+            );
+        }
+        for w in lost {
+            o += &format!(
+                "    lost in {} {} #{}: {:.3} s of {:.3} s ({})\n",
+                w["result"]["kind"].as_str().unwrap_or("?"),
+                w["point"].as_str().unwrap_or("-"),
+                w["iteration"],
+                w["target"]["lost_s"].as_f64().unwrap_or(0.0),
+                w["target"]["window_s"].as_f64().unwrap_or(0.0),
+                w["target"]["worst"].as_str().unwrap_or("")
+            );
+        }
     }
     // (point, kind) → values; printed in sweep order (see `point_order`).
     let mut table: BTreeMap<(String, String), Row> = BTreeMap::new();

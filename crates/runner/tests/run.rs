@@ -215,6 +215,13 @@ fn quickstart_runs_end_to_end_and_leaves_the_kernel_as_it_was() {
     let f = &run["fragment"];
     assert!(f["planned"][0].as_u64().unwrap() > 1000, "{f}");
     assert_eq!(f["moved_pages"], 0);
+    // A budget's target is the regions its cut made: checked after every window (and each second),
+    // held throughout, since mlocked pages do not move.
+    let k = &f["keeping"];
+    assert_eq!(k["how"], "regions", "{k}");
+    assert!(k["looks"].as_u64().unwrap() >= 4, "a look after each of the four windows: {k}");
+    assert_eq!(k["losses"], 0, "{k}");
+    assert_eq!(run["target_losses"], serde_json::json!([]));
 
     // Two iterations of two workloads, each with real traffic / real calls.
     let w: serde_json::Value =
@@ -222,6 +229,8 @@ fn quickstart_runs_end_to_end_and_leaves_the_kernel_as_it_was() {
     let w = w.as_array().unwrap();
     assert_eq!(w.len(), 4, "{w:?}");
     for r in w {
+        assert_eq!(r["target"]["held"], true, "{r}");
+        assert_eq!(r["target"]["lost_s"], 0.0, "{r}");
         let kind = r["result"]["kind"].as_str().unwrap();
         if kind == "tcp-stream" {
             assert!(r["result"]["bytes"].as_u64().unwrap() > 1 << 20);
@@ -236,6 +245,12 @@ fn quickstart_runs_end_to_end_and_leaves_the_kernel_as_it_was() {
     let samples: Vec<serde_json::Value> = probe.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(samples.len() >= 8, "{} samples", samples.len());
     assert!(samples.windows(2).all(|p| p[0]["monotonic_ns"].as_u64() < p[1]["monotonic_ns"].as_u64()));
+    // Every sample says whether the target held since the one before, and what is free at or above
+    // the order per zone (outside the budget: reported, not chased).
+    for s in &samples {
+        assert_eq!(s["target"]["held"], true, "{}", s["target"]);
+        assert!(!s["target"]["zones"].as_array().unwrap().is_empty(), "{}", s["target"]);
+    }
     for f in ["alloc_failures.jsonl", "kmsg.log", "baseline.json", "final.json"] {
         assert!(d.join(f).exists(), "{f} missing");
     }

@@ -237,6 +237,12 @@ fn fragment_summary(f: &crate::compare::FragmentSide) -> String {
     if let Some(l) = &f.target_lost {
         s += &format!("; target lost: {l}");
     }
+    if let Some((held, of)) = f.windows_held {
+        s += &format!("; target held in {held} of {of} workload windows");
+    }
+    if let Some(k) = &f.keeping {
+        s += &format!("; {k}");
+    }
     s
 }
 

@@ -433,6 +433,9 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
             if left == 0 { " (target reached)" } else { " — TARGET NOT REACHED" }
         );
     }
+    if let Some(k) = &s.keeping {
+        println!("  {}", describe::keeping(k));
+    }
     for z in &s.buddyinfo_now.zones {
         println!(
             "  buddyinfo {:<22} {}",
