@@ -41,10 +41,18 @@ pub const KEEP_EVERY: Duration = Duration::from_millis(10);
 /// How often the kept pages are checked in regions mode: a pagemap read, ~10 ms a GiB held.
 const REGIONS_EVERY: Duration = Duration::from_secs(1);
 
-/// After the kernel refused a re-break (the block was taken first, or a zone's lowmem reserve keeps
-/// it from GFP_KERNEL): wait this long before asking again, so a block we cannot have does not send
-/// us into the allocator's slow path a hundred times a second.
-const BACKOFF: Duration = Duration::from_millis(200);
+/// After the kernel refused a re-break, wait this long before asking again, doubling with every
+/// refusal in a row up to [`MAX_BACKOFF`], so a block we cannot have does not send us into the
+/// allocator's slow path a hundred times a second. Short at first: the usual refusal is a block in
+/// the HighAtomic reserve (set aside after an atomic high-order allocation succeeded, usable by
+/// those only), and the failed request itself makes the kernel give that reserve back
+/// (`unreserve_highatomic_pageblock` after direct reclaim), so the next ask succeeds — a 200 ms
+/// wait here kept 4 of 10 sctp-lo-mtu64k runs' decisive windows lost for 120–280 ms.
+const BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How long re-breaking pauses when it would take MemAvailable below what the hold leaves.
+const MEMORY_PAUSE: Duration = Duration::from_millis(200);
 
 /// The smallest order a pipe ring can be exactly: below 8 KiB kmalloc serves it from a slab.
 pub const MIN_RING_ORDER: usize = 2;
@@ -59,6 +67,9 @@ pub const KEEPER_FDS: usize = 1024;
 
 /// Losses kept for the record; a longer hold merges the rest into the last one.
 const MAX_LOSSES: usize = 100_000;
+
+/// The order a loss that cannot end is counted at: every order.
+const TOP: usize = usize::MAX;
 
 /// What "the target holds" means for a hold, and what the keeper does about it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +125,10 @@ pub struct Loss {
     pub why: String,
     /// Free pages at or above the order when it was worst; `u64::MAX` for a loss that cannot end.
     pub pages: u64,
+    /// The largest free block seen during it (the top order for a loss that cannot end): a loss of
+    /// order-5 blocks cannot have served an order-8 allocation.
+    #[serde(default)]
+    pub max_order: usize,
 }
 
 /// Free pages at or above the target order in one zone, at the last look.
@@ -144,11 +159,12 @@ pub struct Lost {
 }
 
 impl Timeline {
-    /// The part of `[start_ns, end_ns]` the target was lost for.
-    pub fn lost_within(&self, start_ns: u64, end_ns: u64) -> Lost {
+    /// The part of `[start_ns, end_ns]` the target was lost for with a free block of `min_order` or
+    /// above (the target's order, or a higher one that an `[expect]` names).
+    pub fn lost_within(&self, start_ns: u64, end_ns: u64, min_order: usize) -> Lost {
         let mut lost = Lost::default();
         let mut worst = 0;
-        for l in &self.losses {
+        for l in self.losses.iter().filter(|l| l.max_order >= min_order) {
             let (s, e) = (l.start_ns.max(start_ns), l.end_ns.unwrap_or(u64::MAX).min(end_ns));
             if s >= e {
                 continue;
@@ -163,19 +179,21 @@ impl Timeline {
         lost
     }
 
-    fn open(&mut self, since_ns: u64, why: String, pages: u64) {
+    fn open(&mut self, since_ns: u64, why: String, pages: u64, max_order: usize) {
         let full = self.losses.len() >= MAX_LOSSES;
         match self.losses.last_mut() {
             Some(l) if l.end_ns.is_none() => {
                 if pages > l.pages {
                     (l.why, l.pages) = (why, pages);
                 }
+                l.max_order = l.max_order.max(max_order);
             }
             Some(l) if full => {
                 l.end_ns = None;
                 l.why = format!("{why} (and more losses than the record keeps)");
+                l.max_order = l.max_order.max(max_order);
             }
-            _ => self.losses.push(Loss { start_ns: since_ns, end_ns: None, why, pages }),
+            _ => self.losses.push(Loss { start_ns: since_ns, end_ns: None, why, pages, max_order }),
         }
     }
 
@@ -200,6 +218,8 @@ pub struct Keeper {
     keep_available: u64,
     last_regions_look: Option<Instant>,
     backoff_until: Option<Instant>,
+    /// The wait after the next refusal.
+    backoff: Duration,
     /// Kept pages found moved so far (regions mode).
     moved: u64,
 }
@@ -253,6 +273,7 @@ impl Keeper {
             keep_available,
             last_regions_look: None,
             backoff_until: None,
+            backoff: BACKOFF,
             moved: 0,
         })
     }
@@ -265,7 +286,7 @@ impl Keeper {
     pub fn status(&self) -> Keeping {
         let t = lock(&self.timeline);
         let now = fraglab_probe::snapshot::monotonic_ns().unwrap_or(0);
-        let lost = t.lost_within(0, now);
+        let lost = t.lost_within(0, now, 0);
         Keeping { lost_ns: lost.ns, losses: lost.losses, ..self.status.clone() }
     }
 
@@ -307,7 +328,7 @@ impl Keeper {
                 );
                 let mut t = lock(&self.timeline);
                 t.close(now_ns);
-                t.losses.push(Loss { start_ns: before, end_ns: None, why, pages: u64::MAX });
+                t.losses.push(Loss { start_ns: before, end_ns: None, why, pages: u64::MAX, max_order: TOP });
             }
             return Ok(None);
         }
@@ -316,7 +337,9 @@ impl Keeper {
             lock(&self.timeline).close(now_ns);
             return Ok(None);
         }
-        lock(&self.timeline).open(before, describe(&b, self.status.order), found);
+        let max_order =
+            b.zones.iter().filter(|z| in_play(&z.zone)).filter_map(|z| z.max_free_order()).max().unwrap_or(0);
+        lock(&self.timeline).open(before, describe(&b, self.status.order), found, max_order);
         if self.status.how != Keep::Rebreak || self.backoff_until.is_some_and(|t| Instant::now() < t) {
             return Ok(None);
         }
@@ -367,7 +390,7 @@ impl Keeper {
                         available >> 20,
                         self.keep_available >> 20
                     ));
-                    self.backoff_until = Some(Instant::now() + BACKOFF);
+                    self.backoff_until = Some(Instant::now() + MEMORY_PAUSE);
                     return Ok(None);
                 }
                 if self.pipes.len() >= KEEPER_FDS {
@@ -377,6 +400,7 @@ impl Keeper {
                 }
                 match ring(o) {
                     Ok(fd) => {
+                        self.backoff = BACKOFF;
                         self.pipes.push((o, fd));
                         self.status.rebroken[o] += 1;
                         self.status.added_bytes += bytes;
@@ -385,7 +409,8 @@ impl Keeper {
                     }
                     Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
                         self.status.refused += 1;
-                        self.backoff_until = Some(Instant::now() + BACKOFF);
+                        self.backoff_until = Some(Instant::now() + self.backoff);
+                        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
                         return Ok(None);
                     }
                     Err(e) => {
@@ -413,7 +438,13 @@ impl Keeper {
         let now = fraglab_probe::snapshot::monotonic_ns().unwrap_or(0);
         let mut t = lock(&self.timeline);
         t.close(now);
-        t.losses.push(Loss { start_ns: now, end_ns: None, why: why.to_string(), pages: u64::MAX });
+        t.losses.push(Loss {
+            start_ns: now,
+            end_ns: None,
+            why: why.to_string(),
+            pages: u64::MAX,
+            max_order: TOP,
+        });
     }
 
     /// Give back re-broken blocks, newest first, until `bytes` are freed. Returns the bytes freed.
@@ -506,11 +537,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Read the record of a hold: `Context` for callers that want it.
-pub fn lost_within(timeline: &Mutex<Timeline>, start_ns: u64, end_ns: u64) -> Lost {
-    lock(timeline).lost_within(start_ns, end_ns)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -535,40 +561,44 @@ mod tests {
         assert_eq!((zones[1].pages, zones[1].in_play), (223 * 1024 + 3 * 512, true));
     }
 
-    fn loss(start_ns: u64, end_ns: Option<u64>, pages: u64) -> Loss {
-        Loss { start_ns, end_ns, why: format!("{pages} pages"), pages }
+    fn loss(start_ns: u64, end_ns: Option<u64>, pages: u64, max_order: usize) -> Loss {
+        Loss { start_ns, end_ns, why: format!("{pages} pages"), pages, max_order }
     }
 
     #[test]
     fn lost_within_counts_only_the_overlap_and_names_the_worst() {
         let t = Timeline {
-            losses: vec![loss(100, Some(130), 16), loss(500, Some(520), 2048), loss(900, None, 32)],
+            losses: vec![loss(100, Some(130), 16, 4), loss(500, Some(520), 2048, 9), loss(900, None, 32, 5)],
             ..Timeline::default()
         };
         // A window that starts inside the first loss and ends inside the open one.
-        let lost = t.lost_within(120, 1000);
+        let lost = t.lost_within(120, 1000, 4);
         assert_eq!((lost.ns, lost.losses), (10 + 20 + 100, 3));
         assert_eq!(lost.worst.as_deref(), Some("2048 pages"));
+        // Only losses with a block of the order that matters count: order 5 cannot serve order 8.
+        assert_eq!((t.lost_within(120, 1000, 8).ns, t.lost_within(120, 1000, 8).losses), (20, 1));
+        assert_eq!(t.lost_within(120, 1000, 10), Lost::default());
         // Before, between and exactly at the edges of losses: nothing.
-        assert_eq!(t.lost_within(0, 100), Lost::default());
-        assert_eq!(t.lost_within(130, 500), Lost::default());
+        assert_eq!(t.lost_within(0, 100, 4), Lost::default());
+        assert_eq!(t.lost_within(130, 500, 4), Lost::default());
         // An open loss runs to the window's end however late it is.
-        assert_eq!(t.lost_within(950, 10_000_000).ns, 10_000_000 - 950);
+        assert_eq!(t.lost_within(950, 10_000_000, 4).ns, 10_000_000 - 950);
     }
 
     #[test]
     fn a_loss_stays_open_until_a_look_sees_none_and_pressure_never_closes() {
         let mut t = Timeline::default();
-        t.open(10, "small".into(), 16);
-        t.open(20, "large".into(), 4096);
-        t.open(30, "small again".into(), 16);
+        t.open(10, "small".into(), 16, 4);
+        t.open(20, "large".into(), 4096, 10);
+        t.open(30, "small again".into(), 16, 4);
         assert_eq!(t.losses.len(), 1, "one loss while it lasts, from the look before it was seen");
         assert_eq!((t.losses[0].start_ns, t.losses[0].why.as_str()), (10, "large"));
+        assert_eq!(t.losses[0].max_order, 10);
         t.close(40);
         assert!(!t.is_lost());
         t.close(50);
         assert_eq!(t.losses[0].end_ns, Some(40), "closing twice keeps the first end");
-        t.losses.push(loss(60, None, u64::MAX));
+        t.losses.push(loss(60, None, u64::MAX, TOP));
         t.close(70);
         assert!(t.is_lost(), "memory given back does not come back");
     }

@@ -114,12 +114,15 @@ pub struct WindowTarget {
     /// What this window could lose and still hold: `lost_tolerance`, and never more than
     /// [`MOST_LOST_FRACTION`] of the window.
     pub tolerance_s: f64,
+    /// Losses count when a free block of this order or above was seen: the target's, or a higher
+    /// `[expect] failed_order`.
+    pub order: usize,
     /// The worst of it: `3 order-6 blocks free in DMA32`.
     pub worst: Option<String>,
 }
 
 impl WindowTarget {
-    fn judge(lost: Lost, start_ns: u64, end_ns: u64, tolerance: Duration) -> Self {
+    fn judge(lost: Lost, start_ns: u64, end_ns: u64, tolerance: Duration, order: usize) -> Self {
         let window = end_ns - start_ns;
         let tolerance = (tolerance.as_nanos() as u64).min((window as f64 * MOST_LOST_FRACTION) as u64);
         WindowTarget {
@@ -128,6 +131,7 @@ impl WindowTarget {
             lost_s: lost.ns as f64 / 1e9,
             losses: lost.losses,
             tolerance_s: tolerance as f64 / 1e9,
+            order,
             worst: lost.worst,
         }
     }
@@ -278,6 +282,14 @@ fn pipeline(
     let sampler = BackgroundSampler::start(&results, plan, timeline.clone())?;
     let catcher = Catcher::start(plan.catch_min_order).context("starting the failure catcher (tracefs)")?;
     let kmsg = if plan.kmsg { Some(KmsgTail::start(&results)?) } else { None };
+    // A loss counts against a window when its blocks could have served what the run is about: the
+    // target's order, or the higher order an `[expect] failed_order` names (a free order-5 block
+    // cannot have let an order-8 allocation succeed).
+    let counted_order = plan
+        .fragment
+        .as_ref()
+        .map_or(0, |f| f.keeping().1)
+        .max(plan.expect.failed_order.unwrap_or(0) as usize);
     let mut workloads = Vec::new();
     let mut interrupted = None;
     let mut failed_to_run = Vec::new();
@@ -293,6 +305,11 @@ fn pipeline(
                     break 'points;
                 }
                 phases.begin(&format!("workload {} {} #{iteration} {}", w.kind_name, point.label, index + 1));
+                if let Held::Fragmented(g) = &kernel {
+                    // Start the window from a fresh look, so a loss found after it is not charged
+                    // from a look before it began. A failed look here shows in the one after.
+                    let _ = g.with(|f| f.keep_now());
+                }
                 let start_ns = monotonic_ns();
                 let result = match crate::commands::workload::run_kind(&w.kind, &stop) {
                     Ok(r) => r,
@@ -306,8 +323,8 @@ fn pipeline(
                 let end_ns = monotonic_ns();
                 let target = match (&kernel, &timeline) {
                     (Held::Fragmented(g), Some(t)) => {
-                        let lost = lost_in_window(g, t, start_ns, end_ns);
-                        Some(WindowTarget::judge(lost, start_ns, end_ns, plan.lost_tolerance))
+                        let lost = lost_in_window(g, t, start_ns, end_ns, counted_order);
+                        Some(WindowTarget::judge(lost, start_ns, end_ns, plan.lost_tolerance, counted_order))
                     }
                     _ => None,
                 };
@@ -492,9 +509,16 @@ fn monotonic_ns() -> u64 {
 /// The part of a workload's window the target was lost for. A block that formed in the window's
 /// last moments would be seen only at the keeper's next look (a kept page's move, a second later):
 /// look now, then judge.
-fn lost_in_window(g: &Guarded, timeline: &Mutex<Timeline>, start_ns: u64, end_ns: u64) -> Lost {
+fn lost_in_window(
+    g: &Guarded,
+    timeline: &Mutex<Timeline>,
+    start_ns: u64,
+    end_ns: u64,
+    min_order: usize,
+) -> Lost {
     let looked = g.with(|f| f.keep_now());
-    let mut lost = timeline.lock().unwrap_or_else(|e| e.into_inner()).lost_within(start_ns, end_ns);
+    let mut lost =
+        timeline.lock().unwrap_or_else(|e| e.into_inner()).lost_within(start_ns, end_ns, min_order);
     if let Err(e) = looked {
         let note = format!("the look after the window failed ({e:#}): its last moments are unknown");
         lost.worst = Some(lost.worst.map_or(note.clone(), |w| format!("{w}; {note}")));
@@ -617,7 +641,7 @@ impl BackgroundSampler {
                 let now_ns = sample.snapshot.monotonic_ns;
                 let target = timeline.as_ref().map(|t| {
                     let t = t.lock().unwrap_or_else(|e| e.into_inner());
-                    let lost = t.lost_within(previous_ns.unwrap_or(now_ns), now_ns);
+                    let lost = t.lost_within(previous_ns.unwrap_or(now_ns), now_ns, 0);
                     SampleTarget { held: lost.ns == 0, lost_ms: lost.ns as f64 / 1e6, zones: t.now.clone() }
                 });
                 previous_ns = Some(now_ns);

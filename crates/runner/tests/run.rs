@@ -154,6 +154,7 @@ fn broken_configs_are_refused_clearly_and_change_nothing() {
         ("negative-duration.toml", ":5:12: [[workload]] #1 duration: \"-3s\""),
         ("trigger-order-too-high.toml", ":8:9: [[workload]] #1 bytes 1GiB: the kernel would allocate"),
         ("zero-interval.toml", "[probe] interval"),
+        ("bad-lost-tolerance.toml", ":7:18: [fragment] lost_tolerance"),
         ("unknown-kind.toml", "udp-flood"),
         ("unknown-workload-option.toml", ":5:10: [[workload]] #1 thread: unknown field `thread`"),
         ("sweep-no-such-option.toml", "clients"),

@@ -184,8 +184,6 @@ fn pipe_highorder_and_sctp_lo_mtu64k_reproduce_three_runs_in_a_row() {
                 assert!(enomem(&workloads, Some("msg=32KiB")) > 0, "{workloads}");
                 assert_eq!(enomem(&workloads, Some("msg=4KiB")), 0, "{workloads}");
                 assert!(caught_in(4, "sctp_datamsg_from_user") > 0, "the order-4 skb failure in SCTP");
-                let decisive = workloads.as_array().unwrap().iter().find(|w| w["point"] == "msg=32KiB");
-                assert_eq!(decisive.unwrap()["target"]["held"], true, "the 32 KiB window held: {workloads}");
             }
         }
     }
