@@ -308,7 +308,7 @@ fn pipeline(
                 if let Held::Fragmented(g) = &kernel {
                     // Start the window from a fresh look, so a loss found after it is not charged
                     // from a look before it began. A failed look here shows in the one after.
-                    let _ = g.with(|f| f.keep_now());
+                    let _ = g.look_now();
                 }
                 let start_ns = monotonic_ns();
                 let result = match crate::commands::workload::run_kind(&w.kind, &stop) {
@@ -516,7 +516,7 @@ fn lost_in_window(
     end_ns: u64,
     min_order: usize,
 ) -> Lost {
-    let looked = g.with(|f| f.keep_now());
+    let looked = g.look_now();
     let mut lost =
         timeline.lock().unwrap_or_else(|e| e.into_inner()).lost_within(start_ns, end_ns, min_order);
     if let Err(e) = looked {

@@ -454,7 +454,7 @@ fn whole_machine_in_odd_sized_guests_holds_and_releases() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const SYSCTLS: &str = "/proc/sys/vm/percpu_pagelist_high_fraction /proc/sys/vm/lowmem_reserve_ratio \
                            /proc/sys/vm/compact_unevictable_allowed /proc/sys/fs/pipe-max-size";
-    for (mem, polls) in [("777M", 0), ("1000M", 3), ("1234M", 8)] {
+    for (mem, polls, huge) in [("777M", 0, 3), ("1000M", 3, 5), ("1234M", 8, 9)] {
         let dir = scratch(&format!("odd-{mem}"));
         let script = dir.join("odd.sh");
         std::fs::write(
@@ -462,8 +462,13 @@ fn whole_machine_in_odd_sized_guests_holds_and_releases() {
             format!(
                 "set -e\n\
                  cat {SYSCTLS} > sysctls-before\n\
+                 echo {huge} > /proc/sys/vm/nr_hugepages\n\
                  fraglab fragment --max-free-order 4 --daemon > fragment.out 2>&1\n\
                  fraglab status --json > status.json\n\
+                 # Huge pages given back while the daemon holds: order-9 blocks its keeper takes back.\n\
+                 echo 0 > /proc/sys/vm/nr_hugepages\n\
+                 for i in 1 2 3 4 5; do fraglab status > status-kept.txt; done\n\
+                 fraglab status --json > status-kept.json\n\
                  fraglab release > release.out 2>&1\n\
                  cat {SYSCTLS} > sysctls-released\n\
                  fraglab fragment --max-free-order 4 --daemon > early.out 2>&1 &\n\
@@ -506,6 +511,16 @@ fn whole_machine_in_odd_sized_guests_holds_and_releases() {
             bounds.iter().any(|b| b.as_str().unwrap().starts_with("fill: no free block")),
             "{at}: {bounds:?}"
         );
+        // The keeper took back the blocks the huge pages left (each 2 MiB; the kernel may take some
+        // first), and status says so.
+        let kept = json(&results.join("status-kept.json"));
+        let k = &kept["keeping"];
+        assert_eq!(k["how"], "rebreak", "{at}: {k}");
+        let rebroken = k["rebroken"].as_array().unwrap();
+        assert!(rebroken.iter().skip(9).any(|n| n.as_u64().unwrap() > 0), "{at}: order ≥ 9 re-broken: {k}");
+        assert!(k["added_bytes"].as_u64().unwrap() >= huge << 20, "{at}: {k}");
+        let human = read(&results, "status-kept.txt");
+        assert!(human.contains("keeping order ≥ 4 (re-break"), "{at}: {human}");
         assert!(read(&results, "release.out").starts_with("released: memory given back, restored "), "{at}");
         let before = read(&results, "sysctls-before");
         assert_eq!(read(&results, "sysctls-released"), before, "{at}: after the release");
