@@ -470,7 +470,12 @@ impl Fragmenter {
 
     fn look(&mut self, now: bool) -> Result<Option<String>> {
         let (arena, kept, naive) = (&self.arena, &self.kept, self.status.naive);
-        self.keeper.look(now, &mut || if naive { Ok(0) } else { moved_pages(arena, kept) })
+        self.keeper.look(now, &mut || if naive { Ok(None) } else { moved_pages(arena, kept).map(Some) })
+    }
+
+    /// The keeper's thread: its own failed allocations are not a workload's.
+    pub fn keeper_tid(&self) -> Option<i32> {
+        self.keeper.tid()
     }
 
     /// When the target held, for other threads (the sampler, the verdict).

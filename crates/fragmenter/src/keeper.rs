@@ -61,9 +61,11 @@ pub const MIN_RING_ORDER: usize = 2;
 /// status request) for long; the rest wait for the next look, 10 ms on.
 const MAX_PER_LOOK: usize = 64;
 
-/// Descriptors the keeper may hold, one per block re-broken; the whole-machine pipe fill leaves them
-/// free (`pipefill`).
-pub const KEEPER_FDS: usize = 1024;
+/// Descriptors the whole-machine pipe fill leaves the keeper (`pipefill`), one per block re-broken:
+/// more than any run measured needed (64). Past them the keeper takes more only while the descriptor
+/// limit leaves the rest of fraglab its margin, so under the common limit of 1024 the fill still
+/// gets most of them.
+pub const KEEPER_FDS: usize = 128;
 
 /// Losses kept for the record; a longer hold merges the rest into the last one.
 const MAX_LOSSES: usize = 100_000;
@@ -179,7 +181,11 @@ impl Timeline {
         lost
     }
 
+    /// A loss seen at a look; `since_ns` is the look before, when it may have begun. It never starts
+    /// before the previous loss ended: a look that ends one can come late (a re-break that went
+    /// through reclaim), and the same time must not be counted twice.
     fn open(&mut self, since_ns: u64, why: String, pages: u64, max_order: usize) {
+        let since_ns = since_ns.max(self.losses.last().and_then(|l| l.end_ns).unwrap_or(0));
         let full = self.losses.len() >= MAX_LOSSES;
         match self.losses.last_mut() {
             Some(l) if l.end_ns.is_none() => {
@@ -188,23 +194,34 @@ impl Timeline {
                 }
                 l.max_order = l.max_order.max(max_order);
             }
-            Some(l) if full => {
-                l.end_ns = None;
-                l.why = format!("{why} (and more losses than the record keeps)");
-                l.max_order = l.max_order.max(max_order);
-            }
+            // A record this long is a hold that keeps losing the target: rather than grow without
+            // bound, count it lost from here on.
+            _ if full => self.for_good(
+                since_ns,
+                format!("{why}, and more losses than the record keeps ({MAX_LOSSES}): lost from here on"),
+            ),
             _ => self.losses.push(Loss { start_ns: since_ns, end_ns: None, why, pages, max_order }),
         }
     }
 
-    fn close(&mut self, at_ns: u64) {
-        if let Some(l) = self.losses.last_mut().filter(|l| l.end_ns.is_none() && l.pages != u64::MAX) {
-            l.end_ns = Some(at_ns);
+    /// A loss that cannot end (memory given back, a kept page moved): from `since_ns` on, for every
+    /// order. One is enough; a second cause is added to its reason.
+    fn for_good(&mut self, since_ns: u64, why: String) {
+        if let Some(l) = self.losses.last_mut().filter(|l| l.end_ns.is_none() && l.pages == u64::MAX) {
+            if !l.why.contains(&why) {
+                l.why = format!("{}; {why}", l.why);
+            }
+            return;
         }
+        self.close(since_ns);
+        let since_ns = since_ns.max(self.losses.last().and_then(|l| l.end_ns).unwrap_or(0));
+        self.losses.push(Loss { start_ns: since_ns, end_ns: None, why, pages: u64::MAX, max_order: TOP });
     }
 
-    fn is_lost(&self) -> bool {
-        self.losses.last().is_some_and(|l| l.end_ns.is_none())
+    fn close(&mut self, at_ns: u64) {
+        if let Some(l) = self.losses.last_mut().filter(|l| l.end_ns.is_none() && l.pages != u64::MAX) {
+            l.end_ns = Some(at_ns.max(l.start_ns));
+        }
     }
 }
 
@@ -246,7 +263,9 @@ impl Keeper {
             }
             how => how,
         };
-        if how == Keep::Rebreak {
+        // The limit binds only without CAP_SYS_RESOURCE (pipe_set_size): leave the machine-wide
+        // sysctl alone when it does not.
+        if how == Keep::Rebreak && !has_cap_sys_resource() {
             let most = PAGE_SIZE << (nr_orders - 1 + 6);
             let max = crate::sysctl::read("fs.pipe-max-size")?.parse::<usize>().unwrap_or(0);
             if max < most {
@@ -278,6 +297,11 @@ impl Keeper {
         })
     }
 
+    /// The thread that looks and re-breaks, once it has looked.
+    pub fn tid(&self) -> Option<i32> {
+        self.status.tid
+    }
+
     /// When the target held, for samplers and verdicts on other threads.
     pub fn timeline(&self) -> Arc<Mutex<Timeline>> {
         Arc::clone(&self.timeline)
@@ -290,11 +314,15 @@ impl Keeper {
         Keeping { lost_ns: lost.ns, losses: lost.losses, ..self.status.clone() }
     }
 
-    /// One look. `moved` counts the kept pages no longer where the cut left them (asked for in
-    /// regions mode only, once a second unless `now`). Returns a line for the log when something
-    /// changed that a user should hear about (re-breaking stopped); every block re-broken is in the
-    /// status instead.
-    pub fn look(&mut self, now: bool, moved: &mut dyn FnMut() -> Result<u64>) -> Result<Option<String>> {
+    /// One look. `moved` counts the kept pages no longer where the cut left them, `None` when that
+    /// cannot be seen (asked for in regions mode only, once a second unless `now`). Returns a line for
+    /// the log when re-breaking stopped for good — a user must hear that the target is no longer
+    /// kept; every block re-broken is in the status instead, or the log would fill.
+    pub fn look(
+        &mut self,
+        now: bool,
+        moved: &mut dyn FnMut() -> Result<Option<u64>>,
+    ) -> Result<Option<String>> {
         if !now
             && self.status.how == Keep::Regions
             && self.last_regions_look.is_some_and(|t| t.elapsed() < REGIONS_EVERY)
@@ -307,7 +335,7 @@ impl Keeper {
         out
     }
 
-    fn look_now(&mut self, moved: &mut dyn FnMut() -> Result<u64>) -> Result<Option<String>> {
+    fn look_now(&mut self, moved: &mut dyn FnMut() -> Result<Option<u64>>) -> Result<Option<String>> {
         self.status.looks += 1;
         self.status.tid = Some(nix::unistd::gettid().as_raw());
         let before = self.last_look_ns();
@@ -318,17 +346,21 @@ impl Keeper {
         lock(&self.timeline).last_look_ns = now_ns;
         if self.status.how == Keep::Regions {
             self.last_regions_look = Some(Instant::now());
-            let m = moved()?;
-            if m > self.moved {
-                self.moved = m;
+            match moved()? {
                 // A moved page does not come back: its region may be free as a whole from now on.
-                let why = format!(
-                    "{m} kept pages moved (migrated): the regions they kept may hold free blocks of order ≥ {}",
-                    self.status.order
-                );
-                let mut t = lock(&self.timeline);
-                t.close(now_ns);
-                t.losses.push(Loss { start_ns: before, end_ns: None, why, pages: u64::MAX, max_order: TOP });
+                Some(m) if m > self.moved => {
+                    self.moved = m;
+                    let why = format!(
+                        "kept pages moved (migrated): the regions they kept may hold free blocks of order ≥ {}",
+                        self.status.order
+                    );
+                    lock(&self.timeline).for_good(before, why);
+                }
+                Some(_) => {}
+                None => lock(&self.timeline).for_good(
+                    before,
+                    "PFNs hidden (not root): whether the kept pages stayed cannot be seen".into(),
+                ),
             }
             return Ok(None);
         }
@@ -393,14 +425,20 @@ impl Keeper {
                     self.backoff_until = Some(Instant::now() + MEMORY_PAUSE);
                     return Ok(None);
                 }
-                if self.pipes.len() >= KEEPER_FDS {
-                    let why =
-                        format!("stopped re-breaking: {KEEPER_FDS} blocks re-broken, one descriptor each");
+                if self.pipes.len() >= KEEPER_FDS && !crate::pipefill::descriptors_to_spare() {
+                    let why = format!(
+                        "stopped re-breaking: {} blocks re-broken, one descriptor each, and the descriptor \
+                         limit leaves no more",
+                        self.pipes.len()
+                    );
                     return Ok(Some(self.stop_rebreaking(why)));
                 }
                 match ring(o) {
                     Ok(fd) => {
                         self.backoff = BACKOFF;
+                        if self.status.note.as_deref().is_some_and(|n| n.starts_with("re-breaking paused")) {
+                            self.status.note = None;
+                        }
                         self.pipes.push((o, fd));
                         self.status.rebroken[o] += 1;
                         self.status.added_bytes += bytes;
@@ -436,15 +474,7 @@ impl Keeper {
             self.stop_rebreaking(format!("stopped re-breaking: {why}"));
         }
         let now = fraglab_probe::snapshot::monotonic_ns().unwrap_or(0);
-        let mut t = lock(&self.timeline);
-        t.close(now);
-        t.losses.push(Loss {
-            start_ns: now,
-            end_ns: None,
-            why: why.to_string(),
-            pages: u64::MAX,
-            max_order: TOP,
-        });
+        lock(&self.timeline).for_good(now, why.to_string());
     }
 
     /// Give back re-broken blocks, newest first, until `bytes` are freed. Returns the bytes freed.
@@ -459,15 +489,12 @@ impl Keeper {
         given
     }
 
-    /// Whether the target is lost right now.
-    pub fn is_lost(&self) -> bool {
-        lock(&self.timeline).is_lost()
-    }
-
-    /// Give every re-broken block back.
+    /// Closing the pipes frees the rings: the blocks go back to the buddy allocator with the rest of
+    /// the hold.
     pub fn release(&mut self) {
         self.pipes.clear();
         self.status.pipes = 0;
+        self.status.added_bytes = 0;
     }
 }
 
@@ -524,6 +551,16 @@ fn ring(order: usize) -> std::io::Result<OwnedFd> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(w)
+}
+
+/// linux/capability.h; the libc crate does not carry capability numbers.
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Whether this process may grow a pipe past `fs.pipe-max-size`.
+fn has_cap_sys_resource() -> bool {
+    procfs::process::Process::myself()
+        .and_then(|p| p.status())
+        .is_ok_and(|s| s.capeff & (1 << CAP_SYS_RESOURCE) != 0)
 }
 
 /// CPU time of the calling thread.
@@ -595,11 +632,15 @@ mod tests {
         assert_eq!((t.losses[0].start_ns, t.losses[0].why.as_str()), (10, "large"));
         assert_eq!(t.losses[0].max_order, 10);
         t.close(40);
-        assert!(!t.is_lost());
+        assert_eq!(t.losses[0].end_ns, Some(40));
         t.close(50);
         assert_eq!(t.losses[0].end_ns, Some(40), "closing twice keeps the first end");
-        t.losses.push(loss(60, None, u64::MAX, TOP));
+        t.for_good(60, "memory pressure".into());
         t.close(70);
-        assert!(t.is_lost(), "memory given back does not come back");
+        t.for_good(80, "kept pages moved".into());
+        assert_eq!(t.losses.len(), 2, "one loss that cannot end, with both reasons");
+        assert_eq!(t.losses[1].end_ns, None, "memory given back does not come back");
+        assert_eq!(t.losses[1].why, "memory pressure; kept pages moved");
+        assert_eq!(t.lost_within(0, 100, 10).ns, 30 + 40, "the second counted once, from when it began");
     }
 }

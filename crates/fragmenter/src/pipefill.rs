@@ -199,6 +199,11 @@ fn nofile_limit() -> u64 {
     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(0, |(soft, _)| soft)
 }
 
+/// Whether one more descriptor leaves the rest of fraglab its margin.
+pub fn descriptors_to_spare() -> bool {
+    open_fds() + FD_MARGIN < nofile_limit()
+}
+
 fn open_fds() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
 }

@@ -20,6 +20,21 @@ use crate::results::ResultsDir;
 use crate::runplan::RunPlan;
 use crate::workload::result::WorkloadResult;
 
+/// A failed allocation the keeper made itself: a pipe ring it asked for after another task took the
+/// block. Fraglab's, not the kernel failing a workload, so it must not count as a reproduction. The
+/// thread alone does not say it: an allocation in softirq context (a retransmit timer's skb) is
+/// traced under whichever task it interrupted, the keeper's thread too — so the stack must be the
+/// pipe resize as well.
+fn by_the_keeper(f: &fraglab_probe::tracefs::AllocFailure, keeper_tid: i32) -> bool {
+    let resize = |frame: &String| {
+        matches!(
+            fraglab_probe::stack::function_name(frame),
+            Some("pipe_resize_ring" | "pipe_set_size" | "pipe_fcntl")
+        )
+    };
+    f.pid == keeper_tid && f.stack.iter().any(resize)
+}
+
 /// How a run ended, and its exit status for `git bisect run`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -355,29 +370,29 @@ fn pipeline(
 
     phases.begin("release");
     let mut failures = catcher.stop()?.failures;
+    if let Held::Fragmented(g) = &kernel {
+        if let Some(tid) = g.with(|f| f.keeper_tid()) {
+            failures.retain(|f| !by_the_keeper(f, tid));
+        }
+    }
+    // Written before the release, which can fail: the failures are the run's evidence.
+    let mut lines = results.lines("alloc_failures.jsonl")?;
+    for f in &failures {
+        lines.push(f)?;
+    }
     let kernel_log = kmsg.map(|k| k.stop()).transpose()?.unwrap_or_default();
     sampler.stop()?;
     let restored = match kernel {
         Held::Fragmented(g) => {
             let (mut f, events) = g.stop()?;
             record.errors.extend(events);
-            let status = f.refresh()?.clone();
-            // The keeper's own allocations that lost a race for a block are fraglab's, not the
-            // kernel failing a workload: they must not count as a reproduction.
-            if let Some(tid) = status.keeping.as_ref().and_then(|k| k.tid) {
-                failures.retain(|f| f.pid != tid);
-            }
-            record.fragment = Some(status);
+            record.fragment = Some(f.refresh()?.clone());
             record.target_losses = f.timeline().lock().unwrap_or_else(|e| e.into_inner()).losses.clone();
             f.release()?
         }
         Held::Baseline(mut journal) => journal.restore()?,
     };
     record.sysctls_restored.extend(restored.iter().map(|r| r.to_string()));
-    let mut lines = results.lines("alloc_failures.jsonl")?;
-    for f in &failures {
-        lines.push(f)?;
-    }
     // The instance lock stays held (by `run`) until run.json has its verdict: a run killed after this
     // point (in the final probe) is still found dead by the next fraglab and its record marked
     // incomplete.
@@ -520,8 +535,9 @@ fn lost_in_window(
     let mut lost =
         timeline.lock().unwrap_or_else(|e| e.into_inner()).lost_within(start_ns, end_ns, min_order);
     if let Err(e) = looked {
-        let note = format!("the look after the window failed ({e:#}): its last moments are unknown");
-        lost.worst = Some(lost.worst.map_or(note.clone(), |w| format!("{w}; {note}")));
+        // Nothing saw how the window ended: it cannot say the target held.
+        lost.ns = end_ns - start_ns;
+        lost.worst = Some(format!("the keeper's look after the window failed ({e:#}): not seen to hold"));
     }
     lost
 }

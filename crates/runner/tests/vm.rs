@@ -467,7 +467,11 @@ fn whole_machine_in_odd_sized_guests_holds_and_releases() {
                  fraglab status --json > status.json\n\
                  # Huge pages given back while the daemon holds: order-9 blocks its keeper takes back.\n\
                  echo 0 > /proc/sys/vm/nr_hugepages\n\
-                 for i in 1 2 3 4 5; do fraglab status > status-kept.txt; done\n\
+                 # Wait (bounded) until status says blocks were re-broken.\n\
+                 i=0; while [ $i -lt 500 ]; do\n\
+                   s=$(fraglab status); case \"$s\" in *'re-broken (order'*) break;; esac; i=$((i+1))\n\
+                 done\n\
+                 echo \"$s\" > status-kept.txt\n\
                  fraglab status --json > status-kept.json\n\
                  fraglab release > release.out 2>&1\n\
                  cat {SYSCTLS} > sysctls-released\n\

@@ -159,7 +159,7 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
 
     // The hold: answer the socket, keep the target, guard against memory pressure, stop on release
     // or a signal.
-    let (mut keeping, mut guarding) = (Looks::default(), Looks::default());
+    let mut keeping = Looks::default();
     let mut next_guard = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let release = control::serve_pending(&listener, |req| match req {
@@ -175,9 +175,11 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
         if let Some(line) = keeping.said(fragmenter.keep(), "the keeper could not look at buddyinfo") {
             eprintln!("fraglab: {line}");
         }
+        // A guard that cannot look cannot keep the OOM killer away: the hold ends (and everything is
+        // given back) rather than go on unguarded.
         if Instant::now() >= next_guard {
             next_guard = Instant::now() + GUARD_EVERY;
-            if let Some(line) = guarding.said(fragmenter.guard(), "the guard could not look at memory") {
+            if let Some(line) = fragmenter.guard()? {
                 eprintln!("fraglab: {line}");
             }
         }
