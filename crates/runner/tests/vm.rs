@@ -164,9 +164,15 @@ fn pipe_highorder_and_sctp_lo_mtu64k_reproduce_three_runs_in_a_row() {
                     .lines()
                     .map(|l| serde_json::from_str(l).unwrap())
                     .collect();
-            // The keeper's own allocations that lost a race are not the kernel failing a workload.
+            // The keeper's own allocations that lost a race (its pipe resizes) are not the kernel
+            // failing a workload; a softirq allocation traced under the keeper's thread (a T3-rtx
+            // timer's skb, seen here) is, and stays.
             let keeper = keeping["tid"].as_i64().unwrap();
-            assert!(failures.iter().all(|f| f["pid"].as_i64() != Some(keeper)), "{keeping}");
+            let resize = |f: &&serde_json::Value| {
+                f["stack"].as_array().unwrap().iter().any(|s| s == "pipe_resize_ring" || s == "pipe_set_size")
+            };
+            let own = failures.iter().filter(|f| f["pid"].as_i64() == Some(keeper)).filter(resize).count();
+            assert_eq!(own, 0, "{keeping}");
             let caught_in = |order: u64, function: &str| {
                 failures
                     .iter()
@@ -211,9 +217,11 @@ fn a_block_freed_mid_run_is_taken_back_or_the_run_cannot_say_not_reproduced() {
     };
     std::fs::write(dir.join("keep.toml"), config("keep", true)).unwrap();
     std::fs::write(dir.join("watch.toml"), config("watch", false)).unwrap();
+    // (The count is not read back: dash's `read` takes a byte at a time, and a sysctl file read at
+    // an offset past 0 ends there — "16" reads as "1".)
     let script = "for run in keep:16 watch:7; do\n\
-                  echo ${run#*:} > /proc/sys/vm/nr_hugepages; read n < /proc/sys/vm/nr_hugepages\n\
-                  fraglab run ${run%:*}.toml > /dev/null; echo \"${run%:*} $n $?\" >> exits.txt\n\
+                  echo ${run#*:} > /proc/sys/vm/nr_hugepages\n\
+                  fraglab run ${run%:*}.toml > /dev/null; echo \"${run%:*} $?\" >> exits.txt\n\
                   done\n";
     std::fs::write(dir.join("freed.sh"), script).unwrap();
     let out = Command::new(FRAGLAB)
@@ -230,7 +238,7 @@ fn a_block_freed_mid_run_is_taken_back_or_the_run_cannot_say_not_reproduced() {
     eprintln!("--- fraglab vm: {}\n--- stderr:\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     let out = dir.join("out");
     let exits = std::fs::read_to_string(out.join("exits.txt")).expect("the script's exit codes came back");
-    assert_eq!(exits, "keep 16 1\nwatch 7 125\n", "huge pages reserved, then: reproduced / could not test");
+    assert_eq!(exits, "keep 1\nwatch 125\n", "huge pages reserved, then: reproduced / could not test");
 
     let keep = results_dir(&out, "keep");
     let run = json(&keep.join("run.json"));
