@@ -127,8 +127,10 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
         "keep",
         match how {
             Keep::Rebreak if order < MIN_RING_ORDER => format!(
-                "watch: a free block of order ≥ {order} that forms while holding loses the target (order \
-                 {order} is below the smallest block a pipe ring can take back, {MIN_RING_ORDER})"
+                "watch: a free block of order ≥ {order} that forms while holding loses the target; blocks \
+                 of order {order}–{} are not taken back (such an allocation that finds no block can call \
+                 the OOM killer instead of failing)",
+                MIN_RING_ORDER - 1
             ),
             Keep::Rebreak => format!(
                 "re-break: a free block of order ≥ {order} that forms while holding is taken back within \
