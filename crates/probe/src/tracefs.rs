@@ -1270,7 +1270,9 @@ struct Here {
 
 impl Here {
     fn now() -> Here {
-        let ns = std::fs::read_link("/proc/self/ns/mnt").map(|p| p.to_string_lossy().into_owned());
+        // thread-self, not self: a thread may have its own mount namespace (unshare(CLONE_NEWNS) on
+        // one thread, as the mount-rule tests do), and it is this thread's that it mounts in.
+        let ns = std::fs::read_link("/proc/thread-self/ns/mnt").map(|p| p.to_string_lossy().into_owned());
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id");
         Here { ns: ns.unwrap_or_default(), boot_id: boot.unwrap_or_default().trim().to_string() }
     }
@@ -1374,7 +1376,8 @@ struct TracefsMount {
 /// Every tracefs mount of this mount namespace, in mountinfo order (a mount stacked on another
 /// comes after it).
 fn tracefs_mounts() -> Result<Vec<TracefsMount>> {
-    const MOUNTINFO: &str = "/proc/self/mountinfo";
+    // This thread's mounts (see `Here::now`).
+    const MOUNTINFO: &str = "/proc/thread-self/mountinfo";
     let text = crate::error::read_to_string(MOUNTINFO)?;
     let mut found = parse_tracefs_mounts(&text);
     for m in &mut found {

@@ -5,9 +5,13 @@
 //!
 //! The other processes are this test binary re-executed (`helper_catcher_process`, ignored in a
 //! normal run): each starts a catcher, says so on stdout, stops it when told on stdin and says
-//! whether it unmounted tracefs. The tests share the machine's mount state, so they run one at a
-//! time (`HOST`), and they skip when another fraglab process is using tracefs right now — or, under
-//! `FRAGLAB_REQUIRE_ALL=1` (CI), wait for it to finish (at most [`BUSY_WAIT`]) and fail if it does not.
+//! whether it unmounted tracefs. Each test runs in a mount namespace of its own (see
+//! [`in_private_mount_ns`]) where tracefs is unmounted or mounted by someone else, as the test
+//! needs — so the host's own state (systemd mounts tracefs at boot on most distributions) decides
+//! nothing, and a test killed half-way leaves no mount behind. The flocks and the marker in
+//! /run/fraglab are the machine's, so the tests run one at a time (`HOST`), and they skip when
+//! another fraglab process is using tracefs right now — or, under `FRAGLAB_REQUIRE_ALL=1` (CI),
+//! wait for it to finish (at most [`BUSY_WAIT`]) and fail if it does not.
 
 mod common;
 
@@ -155,9 +159,10 @@ fn field(line: &str, key: &str) -> String {
 
 static HOST: Mutex<()> = Mutex::new(());
 
-/// tracefs mounts of this namespace: (mount id, mount point).
+/// tracefs mounts of this thread's mount namespace: (mount id, mount point). `thread-self`: a test
+/// runs on a thread with a namespace of its own.
 fn tracefs_mounts() -> Vec<(u64, PathBuf)> {
-    std::fs::read_to_string("/proc/self/mountinfo")
+    std::fs::read_to_string("/proc/thread-self/mountinfo")
         .unwrap()
         .lines()
         .filter(|l| l.split(" - ").nth(1).is_some_and(|r| r.starts_with("tracefs ")))
@@ -173,6 +178,7 @@ fn mounted() -> bool {
 }
 
 fn mount_tracefs() -> u64 {
+    // SAFETY: mount(2) with NUL-terminated constant strings and no data.
     let r = unsafe {
         libc::mount(
             c"nodev".as_ptr(),
@@ -187,6 +193,7 @@ fn mount_tracefs() -> u64 {
 }
 
 fn umount_tracefs() {
+    // SAFETY: umount2(2) on a NUL-terminated constant path.
     let r = unsafe { libc::umount2(c"/sys/kernel/tracing".as_ptr(), 0) };
     assert_eq!(r, 0, "umount tracefs: {}", std::io::Error::last_os_error());
 }
@@ -224,7 +231,7 @@ fn other_fraglab_users() -> bool {
     unsafe { libc::flock(users.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
 }
 
-/// How tracefs was at the start of a test.
+/// How tracefs is at the start of a test, in its namespace.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Start {
     Unmounted,
@@ -234,8 +241,8 @@ enum Start {
 
 /// The machine, to a test that may change its mount state: `None` (skip) while another fraglab
 /// uses tracefs — under `FRAGLAB_REQUIRE_ALL=1`, a wait for it instead (see [`BUSY_WAIT`]). A dead
-/// fraglab's leftover mount is cleaned first, by the rule itself.
-fn host() -> Option<(MutexGuard<'static, ()>, Start)> {
+/// fraglab's leftover mount (and marker) is cleaned first, by the rule itself.
+fn host() -> Option<MutexGuard<'static, ()>> {
     if unsafe { libc::geteuid() } != 0 {
         common::skip("tracefs needs root");
         return None;
@@ -258,17 +265,62 @@ fn host() -> Option<(MutexGuard<'static, ()>, Start)> {
     if !idle {
         return None;
     }
-    if mounted() && Path::new(MOUNT_MARKER).exists() {
+    if Path::new(MOUNT_MARKER).exists() {
         Catcher::start(5).unwrap().stop().unwrap();
         let marker = std::fs::read_to_string(MOUNT_MARKER).unwrap_or_default();
         assert!(marker.is_empty(), "a start and stop left this marker (tracefs busy?): {marker}");
     }
-    let start = match tracefs_mounts().last() {
-        None => Start::Unmounted,
-        Some((id, _)) => Start::Foreign(*id),
-    };
-    Some((g, start))
+    Some(g)
 }
+
+/// Runs `test` on a thread of its own in a new mount namespace — a copy of this one, made private
+/// so nothing mounted or unmounted in it reaches the machine's — where tracefs is `start`:
+/// unmounted (every tracefs mount of the copy detached), or, for `Foreign`, mounted by the test the
+/// way a user or systemd would (the id given is replaced by the real one). Helpers started from
+/// `test` are born in that namespace; the namespace, and any mount left in it, dies with the last
+/// of them.
+fn in_private_mount_ns(start: Start, test: impl FnOnce(Start) + Send) {
+    let ran = std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare(2) of this thread's mount namespace (its fs_struct is unshared with
+            // it; the other threads of this process keep theirs).
+            let r = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+            assert_eq!(r, 0, "unshare(CLONE_NEWNS): {}", std::io::Error::last_os_error());
+            // SAFETY: mount(2) changing propagation only: no source, type or data.
+            let r = unsafe {
+                libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                )
+            };
+            assert_eq!(r, 0, "make / private: {}", std::io::Error::last_os_error());
+            // Stacked mounts come off one at a time; a handful is all any machine has.
+            for _ in 0..16 {
+                let Some((_, path)) = tracefs_mounts().pop() else { break };
+                let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: umount2(2) on a NUL-terminated path, in this thread's private namespace.
+                let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+                assert_eq!(r, 0, "umount {}: {}", path.display(), std::io::Error::last_os_error());
+            }
+            assert!(!mounted(), "tracefs still mounted after 16 unmounts: {:?}", tracefs_mounts());
+            let start = match start {
+                Start::Unmounted => Start::Unmounted,
+                Start::Foreign(_) => Start::Foreign(mount_tracefs()),
+            };
+            test(start)
+        })
+        .join()
+    });
+    if let Err(panic) = ran {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Both starts, one after the other.
+const BOTH: [Start; 2] = [Start::Unmounted, Start::Foreign(0)];
 
 // ---- The tests ----
 
@@ -276,7 +328,13 @@ fn host() -> Option<(MutexGuard<'static, ()>, Start)> {
 /// leaves it to the other when the other is last, and the last one unmounts it.
 #[test]
 fn two_processes_the_last_one_unmounts() {
-    let Some((_g, start)) = host() else { return };
+    let Some(_g) = host() else { return };
+    for start in BOTH {
+        in_private_mount_ns(start, two_processes);
+    }
+}
+
+fn two_processes(start: Start) {
     let fresh = start == Start::Unmounted;
 
     // A mounts (when it is unmounted), B joins; A stops first, then B.
@@ -309,7 +367,13 @@ fn two_processes_the_last_one_unmounts() {
 /// interleaved.
 #[test]
 fn a_process_with_two_catchers_and_another_process() {
-    let Some((_g, start)) = host() else { return };
+    let Some(_g) = host() else { return };
+    for start in BOTH {
+        in_private_mount_ns(start, two_catchers_and_another_process);
+    }
+}
+
+fn two_catchers_and_another_process(start: Start) {
     let fresh = start == Start::Unmounted;
     let c1 = Catcher::start(5).unwrap();
     assert_eq!(c1.mounted_tracefs(), fresh);
@@ -327,11 +391,12 @@ fn a_process_with_two_catchers_and_another_process() {
 /// never unmounted, whatever the order.
 #[test]
 fn someone_elses_tracefs_stays_mounted() {
-    let Some((_g, start)) = host() else { return };
-    let id = match start {
-        Start::Unmounted => mount_tracefs(),
-        Start::Foreign(id) => id,
-    };
+    let Some(_g) = host() else { return };
+    in_private_mount_ns(Start::Foreign(0), someone_elses_stays);
+}
+
+fn someone_elses_stays(start: Start) {
+    let Start::Foreign(id) = start else { unreachable!("started foreign") };
     let (a, sa) = Helper::start();
     let (b, sb) = Helper::start();
     assert!(!sa.mounted_tracefs && !sb.mounted_tracefs);
@@ -339,9 +404,6 @@ fn someone_elses_tracefs_stays_mounted() {
     assert!(!b.stop());
     assert_eq!(tracefs_mounts().last().map(|m| m.0), Some(id), "still the same mount");
     assert!(!Path::new(MOUNT_MARKER).exists());
-    if start == Start::Unmounted {
-        umount_tracefs();
-    }
 }
 
 /// A marker that does not describe the mount is no licence to unmount: it is dropped instead. Such
@@ -350,12 +412,13 @@ fn someone_elses_tracefs_stays_mounted() {
 /// earlier boot (a /run on disk), or is garbled.
 #[test]
 fn a_stale_marker_never_unmounts_someone_elses_tracefs() {
-    let Some((_g, start)) = host() else { return };
-    let id = match start {
-        Start::Unmounted => mount_tracefs(),
-        Start::Foreign(id) => id,
-    };
-    let ns = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+    let Some(_g) = host() else { return };
+    in_private_mount_ns(Start::Foreign(0), a_stale_marker_is_dropped);
+}
+
+fn a_stale_marker_is_dropped(start: Start) {
+    let Start::Foreign(id) = start else { unreachable!("started foreign") };
+    let ns = std::fs::read_link("/proc/thread-self/ns/mnt").unwrap();
     let ns = ns.to_string_lossy();
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     let boot = boot.trim();
@@ -382,9 +445,6 @@ fn a_stale_marker_never_unmounts_someone_elses_tracefs() {
         assert!(!Path::new(MOUNT_MARKER).exists(), "{what}: and by the last user");
         assert_eq!(tracefs_mounts().last().map(|m| m.0), Some(id), "{what}");
     }
-    if start == Start::Unmounted {
-        umount_tracefs();
-    }
 }
 
 /// The never-reused id (Linux 6.8+) of the mount at /sys/kernel/tracing.
@@ -407,14 +467,11 @@ fn unique_mount_id() -> Option<u64> {
 /// later.
 #[test]
 fn a_sigkilled_fraglab_is_cleaned_up_by_the_next_last_user() {
-    let Some((_g, start)) = host() else { return };
-    if let Start::Foreign(id) = start {
-        // Not a fraglab (host() waited those out): a user's or systemd's mount, which stays.
-        return common::skip(format!(
-            "tracefs is mounted by someone else (mount id {id}), so no fraglab mounts it here"
-        ));
-    }
+    let Some(_g) = host() else { return };
+    in_private_mount_ns(Start::Unmounted, |_| a_sigkilled_fraglab());
+}
 
+fn a_sigkilled_fraglab() {
     // Killed while another process runs: that one is the last user.
     let (a, sa) = Helper::start();
     let (b, _) = Helper::start();
@@ -446,13 +503,11 @@ fn a_sigkilled_fraglab_is_cleaned_up_by_the_next_last_user() {
 /// catcher from unmounting; once it is gone, the next last user unmounts.
 #[test]
 fn a_joined_fraglab_with_nothing_open_keeps_it_mounted() {
-    let Some((_g, start)) = host() else { return };
-    if let Start::Foreign(id) = start {
-        // Not a fraglab (host() waited those out): a user's or systemd's mount, which stays.
-        return common::skip(format!(
-            "tracefs is mounted by someone else (mount id {id}), so no fraglab mounts it here"
-        ));
-    }
+    let Some(_g) = host() else { return };
+    in_private_mount_ns(Start::Unmounted, |_| a_joined_fraglab());
+}
+
+fn a_joined_fraglab() {
     let (a, sa) = Helper::start();
     assert!(sa.mounted_tracefs);
     let joined = {
