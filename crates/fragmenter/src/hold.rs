@@ -162,6 +162,6 @@ impl Drop for Guarded {
 }
 
 /// A panic elsewhere must not stop the guard or the release: the data under the lock stays valid.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

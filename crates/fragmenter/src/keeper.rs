@@ -16,7 +16,11 @@
 //! least that order of its own migratetype, or steals one of another; when the only free blocks of
 //! the target order or above are the ones that just formed, those are what it gets. Asked only when
 //! buddyinfo shows such a block, it never sends the allocator into reclaim or compaction, except in
-//! the race where someone else took the block first (counted as `refused`, and backed off).
+//! the race where someone else took the block first, or where the block was a HighAtomic reserve an
+//! ordinary request may not take (both counted as `refused`, and backed off). Only orders above
+//! PAGE_ALLOC_COSTLY_ORDER (3) are asked for: a cheaper order that finds no block goes into reclaim
+//! and can call the OOM killer rather than fail (measured: it killed fraglab), so a target of max
+//! free order 1–3 is watched, not kept.
 //!
 //! In budget mode, and for a profile target, the target is the regions the cut made: a free block at
 //! or above their order can form inside one only if its kept page moves, which pinning forbids (and
@@ -25,7 +29,7 @@
 //! the regions are reported, not chased.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -33,6 +37,7 @@ use fraglab_probe::buddyinfo::BuddyInfo;
 use serde::{Deserialize, Serialize};
 
 use crate::arena::PAGE_SIZE;
+use crate::hold::lock;
 use crate::sysctl::Journal;
 
 /// How often the keeper looks at buddyinfo while re-breaking (about 1 % of a core here).
@@ -348,8 +353,11 @@ impl Keeper {
         let now_ns = fraglab_probe::snapshot::monotonic_ns()?;
         let b = BuddyInfo::read()?;
         let zones = above(&b, self.status.order);
-        lock(&self.timeline).now = zones.clone();
-        lock(&self.timeline).last_look_ns = now_ns;
+        {
+            let mut t = lock(&self.timeline);
+            t.now = zones.clone();
+            t.last_look_ns = now_ns;
+        }
         if self.status.how == Keep::Regions {
             self.last_regions_look = Some(Instant::now());
             match moved()? {
@@ -573,11 +581,6 @@ fn has_cap_sys_resource() -> bool {
 fn thread_cpu_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
         .map_or(0, |t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-}
-
-/// A panic elsewhere must not stop the keeping: the data under the lock stays valid.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -128,9 +128,8 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
         match how {
             Keep::Rebreak if order < MIN_RING_ORDER => format!(
                 "watch: a free block of order ≥ {order} that forms while holding loses the target; blocks \
-                 of order {order}–{} are not taken back (such an allocation that finds no block can call \
-                 the OOM killer instead of failing)",
-                MIN_RING_ORDER - 1
+                 below order {MIN_RING_ORDER} are not taken back (such an allocation that finds no block \
+                 can call the OOM killer instead of failing)"
             ),
             Keep::Rebreak => format!(
                 "re-break: a free block of order ≥ {order} that forms while holding is taken back within \
