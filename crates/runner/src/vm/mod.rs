@@ -57,7 +57,7 @@ pub struct VmArgs {
     /// Guest memory.
     #[arg(long, default_value = "1G", value_name = "SIZE")]
     pub mem: String,
-    /// Guest CPUs (TCG gets slower with more).
+    /// Guest CPUs (under TCG they take turns on one host thread).
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub cpus: u32,
     /// Kill the guest after this long (boot included) and exit 125.
