@@ -127,9 +127,9 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
         "keep",
         match how {
             Keep::Rebreak if order < MIN_RING_ORDER => format!(
-                "watch: a free block of order ≥ {order} that forms while holding loses the target; blocks \
-                 below order {MIN_RING_ORDER} are not taken back (such an allocation that finds no block \
-                 can call the OOM killer instead of failing)"
+                "watch: a free block of order ≥ {order} that forms while holding loses the target, and is \
+                 recorded, not taken back: the keeper asks only for orders ≥ {MIN_RING_ORDER} (a smaller \
+                 allocation that finds no block can call the OOM killer instead of failing)"
             ),
             Keep::Rebreak => format!(
                 "re-break: a free block of order ≥ {order} that forms while holding is taken back within \

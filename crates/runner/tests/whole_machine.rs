@@ -48,7 +48,33 @@ fn mem_available() -> u64 {
 /// A `--reserve` in bytes that leaves about `take` of MemAvailable to the fragmenter, off by `skew`
 /// bytes so the figure it computes is not page-aligned.
 fn reserve_leaving(take: u64, skew: u64) -> String {
-    (mem_available().saturating_sub(take) + skew).to_string()
+    (settled_mem_available().saturating_sub(take) + skew).to_string()
+}
+
+/// MemAvailable once it has stopped moving: five readings 100 ms apart within 4 MiB. Right after
+/// another test's daemon let go of gigabytes it was seen 64 MiB lower and 128 MiB higher a moment
+/// later (most likely pages still on their way back through the per-CPU lists), and a reserve
+/// computed from a drifting figure leaves the daemon, which reads it a moment later, more or less
+/// than the test meant (a step took 1408 MiB for 1280). Settled, every step took what it asked.
+fn settled_mem_available() -> u64 {
+    const BOUND: Duration = Duration::from_secs(30);
+    let start = std::time::Instant::now();
+    let mut seen: Vec<u64> = Vec::new();
+    loop {
+        seen.push(mem_available());
+        let last = &seen[seen.len().saturating_sub(5)..];
+        let (lo, hi) = (last.iter().min().unwrap(), last.iter().max().unwrap());
+        if last.len() == 5 && hi - lo <= 4 * MIB {
+            eprintln!("MemAvailable settled after {:?} ({} readings)", start.elapsed(), seen.len());
+            return *last.last().unwrap();
+        }
+        let mib: Vec<u64> = last.iter().map(|b| b >> 20).collect();
+        assert!(
+            start.elapsed() < BOUND,
+            "MemAvailable still moving after {BOUND:?} (a hang guard): {mib:?} MiB"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A daemon this test started in `dir`: released when the test ends, also when an assertion fails
