@@ -195,7 +195,7 @@ impl Timeline {
     /// before the previous loss ended: a look that ends one can come late (a re-break that went
     /// through reclaim), and the same time must not be counted twice.
     fn open(&mut self, since_ns: u64, why: String, pages: u64, max_order: usize) {
-        let since_ns = since_ns.max(self.losses.last().and_then(|l| l.end_ns).unwrap_or(0));
+        let since_ns = self.after_the_last(since_ns);
         let full = self.losses.len() >= MAX_LOSSES;
         match self.losses.last_mut() {
             Some(l) if l.end_ns.is_none() => {
@@ -224,8 +224,13 @@ impl Timeline {
             return;
         }
         self.close(since_ns);
-        let since_ns = since_ns.max(self.losses.last().and_then(|l| l.end_ns).unwrap_or(0));
+        let since_ns = self.after_the_last(since_ns);
         self.losses.push(Loss { start_ns: since_ns, end_ns: None, why, pages: u64::MAX, max_order: TOP });
+    }
+
+    /// `ns`, or the end of the last loss if that is later: no time is counted in two losses.
+    fn after_the_last(&self, ns: u64) -> u64 {
+        ns.max(self.losses.last().and_then(|l| l.end_ns).unwrap_or(0))
     }
 
     fn close(&mut self, at_ns: u64) {

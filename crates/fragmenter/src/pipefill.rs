@@ -28,9 +28,12 @@ const DEFAULT_PIPE_BYTES: usize = 16 * PAGE_SIZE;
 /// 16 MiB); larger ones would need blocks that a fragmented machine no longer has.
 const MAX_PIPE_BYTES: usize = 16 << 20;
 
-/// Descriptors left for everything else the process opens while it holds (the control socket, the
-/// log, /proc files, a run's workloads, and the keeper's one pipe a block re-broken).
-const FD_MARGIN: u64 = 256 + crate::keeper::KEEPER_FDS as u64;
+/// Descriptors left for the rest of fraglab while it holds (the control socket, the log, /proc
+/// files, a run's workloads).
+const REST_MARGIN: u64 = 256;
+
+/// Descriptors the fill leaves: the rest of fraglab's, and the keeper's one pipe a block re-broken.
+const FD_MARGIN: u64 = REST_MARGIN + crate::keeper::KEEPER_FDS as u64;
 
 /// Pipes kept full; dropping them frees their pages.
 pub struct PipeFill {
@@ -199,9 +202,10 @@ fn nofile_limit() -> u64 {
     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(0, |(soft, _)| soft)
 }
 
-/// Whether one more descriptor leaves the rest of fraglab its margin.
+/// Whether one more descriptor leaves the rest of fraglab its margin (the keeper's, past
+/// [`crate::keeper::KEEPER_FDS`]).
 pub fn descriptors_to_spare() -> bool {
-    open_fds() + FD_MARGIN < nofile_limit()
+    open_fds() + REST_MARGIN < nofile_limit()
 }
 
 fn open_fds() -> u64 {

@@ -196,7 +196,10 @@ pub fn keeping(k: &Keeping) -> String {
         n => format!("; lost {:.3} s in {n} losses", k.lost_ns as f64 / 1e9),
     };
     if k.refused > 0 {
-        o += &format!("; {} re-breaks refused (the block went first)", k.refused);
+        o += &format!(
+            "; {} re-breaks refused (the block was taken first, or is in the HighAtomic reserve)",
+            k.refused
+        );
     }
     o += &format!("; {:.2} s of CPU", k.cpu_ns as f64 / 1e9);
     if let Some(note) = &k.note {

@@ -189,6 +189,14 @@ fn pipe_highorder_and_sctp_lo_mtu64k_reproduce_three_runs_in_a_row() {
                 // plentiful; the sender is never refused (if slow: retransmits need order 4).
                 assert!(enomem(&workloads, Some("msg=32KiB")) > 0, "{workloads}");
                 assert_eq!(enomem(&workloads, Some("msg=4KiB")), 0, "{workloads}");
+                let served_4k: u64 = workloads
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|w| w["point"] == "msg=4KiB")
+                    .map(|w| w["result"]["ok"].as_u64().unwrap())
+                    .sum();
+                assert!(served_4k > 0, "4 KiB messages were sent: {workloads}");
                 assert!(caught_in(4, "sctp_datamsg_from_user") > 0, "the order-4 skb failure in SCTP");
             }
         }
