@@ -10,6 +10,7 @@
 
 pub mod arena;
 pub mod control;
+pub mod describe;
 pub mod fragment;
 pub mod hold;
 pub mod instance;

@@ -5,16 +5,17 @@ pub mod cli;
 pub mod commands;
 pub mod compare;
 pub mod config;
-pub mod describe;
 pub mod pipeline;
 pub mod report;
 pub mod resolve;
 pub mod results;
 pub mod runplan;
 pub mod summary;
-pub mod units;
 pub mod vm;
 pub mod workload;
+
+/// Until the workloads have their own crate, they reach units through this path.
+pub use fraglab_units as units;
 
 use std::process::ExitCode;
 

@@ -343,7 +343,7 @@ pub fn describe(plan: &RunPlan, mem_available: u64, in_guest: bool) -> String {
     );
     match &plan.fragment {
         Some(f) => {
-            for (key, value) in crate::describe::plan(f, mem_available) {
+            for (key, value) in fraglab_fragmenter::describe::plan(f, mem_available) {
                 if key == "target" {
                     o += &format!("fragment: {value}\n");
                 } else {
@@ -378,7 +378,7 @@ pub fn describe(plan: &RunPlan, mem_available: u64, in_guest: bool) -> String {
 /// The loud statement a whole-machine run gets on a host (none with a budget or in a guest).
 pub fn whole_machine_note(plan: &RunPlan, mem_available: u64, in_guest: bool) -> Option<String> {
     let config = plan.config_path.display();
-    crate::describe::whole_machine_note(
+    fraglab_fragmenter::describe::whole_machine_note(
         plan.fragment.as_ref()?,
         mem_available,
         in_guest,

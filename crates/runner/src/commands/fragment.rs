@@ -20,7 +20,7 @@ use fraglab_fragmenter::{Plan, Status};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::{FragmentArgs, StatusArgs};
-use crate::describe;
+use fraglab_fragmenter::describe;
 use crate::resolve::{self, FragmentSpec, Machine};
 use crate::units::{format_size, order_size};
 

@@ -4,16 +4,21 @@
 
 use std::collections::BTreeMap;
 
-use super::data::{RunData, WorkloadRow};
+use fraglab_results::point::{plain, Point};
+use fraglab_results::record::WorkloadRecord;
+use fraglab_results::workload::Latency;
+use serde_json::Value;
+
+use super::data::RunData;
 use crate::summary::{mean_stddev, metric};
 
-/// `threads=4 sysctl.net.core.x=1` → `[("threads", "4"), ("sysctl.net.core.x", "1")]`; `-` → `[]`.
-pub fn axes(label: &str) -> Vec<(String, String)> {
-    label
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+/// A sweep value as a number, when it is one (`4`, or `"4"` as a sysctl value is written).
+fn number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
 }
 
 /// An axis key as a legend shows it: `sysctl.net.core.high_order_alloc_disable` →
@@ -44,20 +49,16 @@ impl XAxis {
     }
 
     /// x of a row and the label of its series group (the other axes).
-    pub fn place(&self, point: &str) -> Option<(f64, String)> {
+    pub fn place(&self, point: &Point) -> Option<(f64, String)> {
         match self {
             XAxis::Numeric { key } => {
-                let a = axes(point);
-                let x = a.iter().find(|(k, _)| k == key)?.1.parse::<f64>().ok()?;
-                let rest: Vec<String> = a
-                    .iter()
-                    .filter(|(k, _)| k != key)
-                    .map(|(k, v)| format!("{}={v}", short_key(k)))
-                    .collect();
+                let x = number(point.get(key)?)?;
+                let rest: Vec<String> =
+                    point.without(key).axes.iter().map(|(k, v)| format!("{}={}", short_key(k), plain(v))).collect();
                 Some((x, rest.join(" ")))
             }
             XAxis::Categorical { labels } => {
-                Some((labels.iter().position(|l| l == point)? as f64, String::new()))
+                Some((labels.iter().position(|l| *l == point.label())? as f64, String::new()))
             }
         }
     }
@@ -65,29 +66,29 @@ impl XAxis {
 
 /// The x axis for a workload kind: a numeric sweep key with at least two values, preferring one
 /// that is an option of the workload itself, then one that is not a sysctl.
-pub fn choose_x(rows: &[&WorkloadRow]) -> XAxis {
-    let mut values: BTreeMap<String, Vec<String>> = BTreeMap::new();
+pub fn choose_x(rows: &[&WorkloadRecord]) -> XAxis {
+    let mut values: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     let mut order: Vec<String> = Vec::new();
     let mut labels: Vec<String> = Vec::new();
     for r in rows {
-        if !labels.contains(&r.point) {
-            labels.push(r.point.clone());
+        if !labels.contains(&r.point.label()) {
+            labels.push(r.point.label());
         }
-        for (k, v) in axes(&r.point) {
-            if !order.contains(&k) {
+        for (k, v) in &r.point.axes {
+            if !order.contains(k) {
                 order.push(k.clone());
             }
-            let e = values.entry(k).or_default();
-            if !e.contains(&v) {
-                e.push(v);
+            let e = values.entry(k.clone()).or_default();
+            if !e.contains(v) {
+                e.push(v.clone());
             }
         }
     }
     let numeric = |k: &String| {
         let v = &values[k];
-        v.len() >= 2 && v.iter().all(|x| x.parse::<f64>().is_ok())
+        v.len() >= 2 && v.iter().all(|x| number(x).is_some())
     };
-    let own = |k: &String| rows.first().is_some_and(|r| r.result["params"].get(k.as_str()).is_some());
+    let own = |k: &String| rows.first().is_some_and(|r| r.result.params.get(k.as_str()).is_some());
     let pick = order
         .iter()
         .filter(|k| numeric(k))
@@ -131,8 +132,8 @@ pub fn kinds(sides: &[&RunData]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in sides {
         for w in &r.workloads {
-            if !out.iter().any(|k| k == w.kind()) {
-                out.push(w.kind().to_string());
+            if !out.iter().any(|k| *k == w.result.kind) {
+                out.push(w.result.kind.clone());
             }
         }
     }
@@ -148,16 +149,16 @@ fn collect(
     sides: &[&RunData],
     letters: &[String],
     kind: &str,
-    value: &dyn Fn(&WorkloadRow) -> Option<f64>,
+    value: &dyn Fn(&WorkloadRecord) -> Option<f64>,
 ) -> (XAxis, Vec<Series>) {
-    let rows: Vec<&WorkloadRow> =
-        sides.iter().flat_map(|r| r.workloads.iter()).filter(|w| w.kind() == kind).collect();
+    let rows: Vec<&WorkloadRecord> =
+        sides.iter().flat_map(|r| r.workloads.iter()).filter(|w| w.result.kind == kind).collect();
     let x = choose_x(&rows);
     let mut series: Vec<Series> = Vec::new();
     for (side, run) in sides.iter().enumerate() {
         // group → x → (point label, values)
         let mut groups: Vec<(String, Cells)> = Vec::new();
-        for w in run.workloads.iter().filter(|w| w.kind() == kind) {
+        for w in run.workloads.iter().filter(|w| w.result.kind == kind) {
             let (Some((px, group)), Some(v)) = (x.place(&w.point), value(w)) else { continue };
             let g = match groups.iter().position(|(name, _)| *name == group) {
                 Some(i) => i,
@@ -166,7 +167,7 @@ fn collect(
                     groups.len() - 1
                 }
             };
-            groups[g].1.entry(px.to_bits()).or_insert_with(|| (px, w.point.clone(), Vec::new())).2.push(v);
+            groups[g].1.entry(px.to_bits()).or_insert_with(|| (px, w.point.label(), Vec::new())).2.push(v);
         }
         for (group, points) in groups {
             let mut pts: Vec<Stat> = points
@@ -199,7 +200,7 @@ pub fn throughput(sides: &[&RunData], letters: &[String], kind: &str) -> Option<
     let unit = sides
         .iter()
         .flat_map(|r| r.workloads.iter())
-        .find(|w| w.kind() == kind)
+        .find(|w| w.result.kind == kind)
         .map(|w| metric(&w.result).1)?;
     if unit == "ok" {
         return None;
@@ -211,9 +212,9 @@ pub fn throughput(sides: &[&RunData], letters: &[String], kind: &str) -> Option<
     Some(Plot { kind: kind.into(), unit: unit.into(), x, series })
 }
 
-/// The latency percentiles the report draws: (label, field of `latency_us`).
-pub const PERCENTILES: [(&str, &str); 4] =
-    [("p50", "p50"), ("p90", "p90"), ("p99", "p99"), ("p99.9", "p999")];
+/// The latency percentiles the report draws: (label, its field of `latency_us`).
+pub const PERCENTILES: [(&str, fn(&Latency) -> u64); 4] =
+    [("p50", |l| l.p50), ("p90", |l| l.p90), ("p99", |l| l.p99), ("p99.9", |l| l.p999)];
 
 /// Latency percentiles of `kind` against the sweep (µs, mean over iterations of each iteration's
 /// percentile): one series per side/group and percentile. `None` when the kind measures none.
@@ -221,14 +222,14 @@ pub fn latency(sides: &[&RunData], letters: &[String], kind: &str) -> Option<Plo
     let has = sides
         .iter()
         .flat_map(|r| r.workloads.iter())
-        .any(|w| w.kind() == kind && w.result["latency_us"].is_object());
+        .any(|w| w.result.kind == kind && w.result.latency_us.is_some());
     if !has {
         return None;
     }
     let mut all = Vec::new();
     let mut x_axis = None;
     for (label, field) in PERCENTILES {
-        let (x, series) = collect(sides, letters, kind, &|w| w.result["latency_us"][field].as_f64());
+        let (x, series) = collect(sides, letters, kind, &|w| w.result.latency_us.as_ref().map(|l| field(l) as f64));
         x_axis.get_or_insert(x);
         all.extend(series.into_iter().map(|mut s| {
             s.name = format!("{} {label}", s.name);
@@ -243,17 +244,21 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn row(point: &str, iteration: u32, kind: &str, mbit: f64) -> WorkloadRow {
-        WorkloadRow {
-            point: point.into(),
+    fn row(point: &str, iteration: u32, kind: &str, mbit: f64) -> WorkloadRecord {
+        WorkloadRecord {
+            point: Point::from_legacy_label(point),
             sysctls: vec![],
             iteration,
             index: 0,
-            result: json!({"kind": kind, "params": {"threads": 1, "duration": "15s"}, "throughput_mbit": mbit}),
+            result: serde_json::from_value(
+                json!({"kind": kind, "params": {"threads": 1, "duration": "15s"}, "throughput_mbit": mbit}),
+            )
+            .unwrap(),
+            target: None,
         }
     }
 
-    fn run(workloads: Vec<WorkloadRow>) -> RunData {
+    fn run(workloads: Vec<WorkloadRecord>) -> RunData {
         RunData {
             dir: "x".into(),
             info: Default::default(),
@@ -301,7 +306,7 @@ mod tests {
         (30, 577356.0, 841062.0),
     ];
 
-    fn seed_002_rows() -> Vec<WorkloadRow> {
+    fn seed_002_rows() -> Vec<WorkloadRecord> {
         let mut rows = Vec::new();
         for (thr, t0, t1) in SEED_002 {
             rows.push(row(
@@ -356,12 +361,13 @@ mod tests {
     #[test]
     fn no_sweep_is_one_categorical_point_and_counts_are_not_rates() {
         let mut r = run(vec![row("-", 1, "tcp-stream", 5.0)]);
-        r.workloads.push(WorkloadRow {
-            point: "-".into(),
+        r.workloads.push(WorkloadRecord {
+            point: Point::none(),
             sysctls: vec![],
             iteration: 1,
             index: 1,
-            result: json!({"kind": "exec", "params": {}, "ok": 1}),
+            result: serde_json::from_value(json!({"kind": "exec", "params": {}, "ok": 1})).unwrap(),
+            target: None,
         });
         let p = throughput(&[&r], &["A".into()], "tcp-stream").unwrap();
         assert_eq!(p.x, XAxis::Categorical { labels: vec!["-".into()] });
@@ -375,9 +381,9 @@ mod tests {
             [row("sysctl.a=0 clients=1", 1, "tcp-rr", 1.0), row("sysctl.a=1 clients=8", 1, "tcp-rr", 1.0)];
         let mut rows = rows.to_vec();
         for r in &mut rows {
-            r.result["params"] = json!({"clients": 1});
+            r.result.params = json!({"clients": 1});
         }
-        let refs: Vec<&WorkloadRow> = rows.iter().collect();
+        let refs: Vec<&WorkloadRecord> = rows.iter().collect();
         assert_eq!(choose_x(&refs), XAxis::Numeric { key: "clients".into() });
     }
 }

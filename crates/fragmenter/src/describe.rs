@@ -2,13 +2,13 @@
 //! of `fraglab fragment`, `fraglab status` and `fraglab run` (its `--dry-run` and its summary).
 //! `--json` prints the structures themselves; nothing here changes them.
 
-use fraglab_fragmenter::arena::PAGE_SIZE;
-use fraglab_fragmenter::fragment::{fill_time_bound, Progress};
-use fraglab_fragmenter::keeper::{Keep, Keeping, MIN_RING_ORDER};
-use fraglab_fragmenter::shape::{profile_pages, scale_profile};
-use fraglab_fragmenter::{Pin, Plan, Target};
+use crate::arena::PAGE_SIZE;
+use crate::fragment::{fill_time_bound, Progress};
+use crate::keeper::{Keep, Keeping, MIN_RING_ORDER};
+use crate::shape::{profile_pages, scale_profile};
+use crate::{Pin, Plan, Target};
 
-use crate::units::{format_size, order_size};
+use fraglab_units::{format_size, order_size};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 

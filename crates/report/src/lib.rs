@@ -8,10 +8,12 @@
 //! `data-phase="…"`; every section a `<section id="…">` with `data-run` for per-run parts. The
 //! document is well-formed XML as well as HTML.
 
+pub mod compare;
 pub mod data;
 pub mod heatmap;
 pub mod leak;
 pub mod svg;
+pub mod summary;
 pub mod sweep;
 
 use std::collections::BTreeMap;
@@ -231,7 +233,7 @@ fn runs_section(runs: &[RunData], letters: &[String]) -> String {
         r#"<section id="runs"><h2>Runs</h2><table><tr><th>side</th><th>run</th><th>kernel</th><th>host</th><th>started</th><th>status</th><th>verdict</th><th>reason</th></tr>"#,
     );
     for (r, l) in runs.iter().zip(letters) {
-        let verdict = r.info.verdict.clone().unwrap_or_else(|| "none".into());
+        let verdict = r.info.verdict.map_or("none".to_string(), |v| v.to_string());
         let _ = write!(
             o,
             r#"<tr data-run="{}"><td>{}</td><td>{}<br/><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="verdict-{}">{}</td><td>{}</td></tr>"#,
@@ -242,7 +244,7 @@ fn runs_section(runs: &[RunData], letters: &[String]) -> String {
             esc(&r.info.kernel_release),
             esc(&r.info.host),
             esc(&r.info.started),
-            esc(&r.info.status),
+            esc(r.info.status.name()),
             esc(&verdict),
             esc(&verdict),
             esc(&r.info.reason)
@@ -255,18 +257,14 @@ fn runs_section(runs: &[RunData], letters: &[String]) -> String {
             let _ = write!(o, "<p>{}{}</p>", esc(&prefix), esc(d));
         }
         if let Some(f) = &r.info.fragment {
-            let cells = |v: &serde_json::Value| {
-                v.as_array()
-                    .map(|a| a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "))
-                    .unwrap_or_default()
-            };
+            let cells = |v: &[u64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ");
             let _ = write!(
                 o,
                 "<p>{}fragment target <code>{}</code>; free blocks planned per order <code>{}</code>, intact at the end <code>{}</code>.</p>",
                 esc(&prefix),
-                esc(&crate::compare::target_text(&f["target"])),
-                esc(&cells(&f["planned"])),
-                esc(&cells(&f["intact"]))
+                esc(&fraglab_fragmenter::describe::target(&f.target)),
+                esc(&cells(&f.planned)),
+                esc(&cells(&f.intact))
             );
         } else {
             let _ = write!(o, "<p>{}no fragmentation (a baseline run).</p>", esc(&prefix));
@@ -650,14 +648,14 @@ fn failures(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String {
     let mut rows = String::new();
     let mut unplaced = 0;
     for w in &r.workloads {
-        let Some(res) = w.typed() else { continue };
+        let res = &w.result;
         let phase = r.workload_phase(w);
         for e in &res.errors {
             let at = phase.map(|p| p.start + e.first_seen_s);
             let _ = write!(
                 rows,
                 r#"<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{:.3}</td><td class="num">{}</td></tr>"#,
-                esc(&w.point),
+                esc(&w.point.label()),
                 w.iteration,
                 esc(&res.kind),
                 esc(&e.errno),
@@ -953,7 +951,7 @@ fn leak_section(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String 
                 sparkline(g),
                 last,
                 g.growth,
-                esc(&crate::units::format_size(g.growth_bytes.max(0) as u64)),
+                esc(&fraglab_units::format_size(g.growth_bytes.max(0) as u64)),
                 g.grew_rounds,
                 measured,
                 g.at_end.map_or("–".into(), |v| v.to_string()),
@@ -969,7 +967,7 @@ fn leak_section(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String 
 mod tests {
     use super::*;
 
-    use crate::workload::result::{ErrnoCount, WorkloadResult};
+    use fraglab_results::workload::{ErrnoCount, WorkloadResult};
     use fraglab_probe::tracefs::AllocFailure;
 
     fn failure(time: f64, order: u32, comm: &str) -> AllocFailure {
@@ -1001,19 +999,30 @@ mod tests {
         };
         RunData {
             dir: "/results/x-1".into(),
-            info: data::RunInfo { name: "x".into(), ..Default::default() },
-            workloads: vec![data::WorkloadRow {
-                point: "-".into(),
+            info: fraglab_results::record::RunRecord::new("x"),
+            workloads: vec![fraglab_results::record::WorkloadRecord {
+                point: fraglab_results::point::Point::none(),
                 sysctls: vec![],
                 iteration: 1,
                 index: 0,
-                result: serde_json::to_value(&result).unwrap(),
+                result,
+                target: None,
             }],
             timeline: vec![],
             phases: vec![
-                data::Phase { name: "fragment".into(), start: 0.0, end: 2.0 },
-                data::Phase { name: "workload tcp-stream - #1 1".into(), start: 2.0, end: 5.0 },
-                data::Phase { name: "release".into(), start: 5.0, end: 6.0 },
+                data::Phase { name: "fragment".into(), start: 0.0, end: 2.0, workload: None },
+                data::Phase {
+                    name: "workload tcp-stream - #1 1".into(),
+                    start: 2.0,
+                    end: 5.0,
+                    workload: Some(fraglab_results::record::Window {
+                        kind: "tcp-stream".into(),
+                        point: fraglab_results::point::Point::none(),
+                        iteration: 1,
+                        index: 0,
+                    }),
+                },
+                data::Phase { name: "release".into(), start: 5.0, end: 6.0, workload: None },
             ],
             failures: vec![
                 failure(1003.0, 4, "tcp-stream"),

@@ -10,12 +10,19 @@
 //! half-widths), significant above 1.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use fraglab_probe::snapshot::Snapshot;
+use fraglab_results::load::Run;
+use fraglab_results::point::Point;
+use fraglab_results::record::{PlanRecord, RunRecord, RunStatus, WorkloadSpec};
+use fraglab_results::workload::WorkloadResult;
 use serde::Serialize;
 use serde_json::Value;
 use statrs::distribution::{ContinuousCDF, StudentsT};
+
+use fraglab_fragmenter::describe;
 
 use crate::summary::{mean_stddev, metric};
 
@@ -112,97 +119,60 @@ pub fn pct_change(base: f64, new: f64) -> Option<f64> {
 /// The counters whose change over a run tells how hard the kernel compacted.
 pub const COMPACTION_COUNTERS: [&str; 3] = ["compact_stall", "compact_fail", "compact_success"];
 
-/// One results directory, read.
+/// One results directory, read, with the plan it carried out.
 #[derive(Clone, Debug)]
 pub struct RunData {
     /// `A`, `B`, ... or the user's `--labels`.
     pub label: String,
     pub dir: PathBuf,
-    /// run.json.
-    pub run: Value,
-    /// workloads.json (empty when the run had no workload).
-    pub workloads: Vec<Value>,
-    /// alloc_failures.jsonl, failed allocations only.
-    pub failures: Vec<Value>,
-    /// run.json's config text, parsed.
-    pub config: toml::Table,
+    pub run: Run,
+    /// run.json's stored plan; for a schema-1 run (which stored only its config text) the plan the
+    /// caller resolved from that text, and `plan_from_text` says so.
+    pub plan: PlanRecord,
+    pub plan_from_text: bool,
     /// Counter deltas over the run and where they came from.
     pub compaction: Option<(String, BTreeMap<String, i64>)>,
 }
 
-fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
-}
-
-fn vmstat_counters(snapshot: &Value) -> Option<BTreeMap<String, i64>> {
-    let values = snapshot["vmstat"]["values"].as_object()?;
-    let out: BTreeMap<String, i64> = COMPACTION_COUNTERS
-        .iter()
-        .filter_map(|c| values.get(*c).and_then(|v| v.as_i64()).map(|v| (c.to_string(), v)))
-        .collect();
-    (!out.is_empty()).then_some(out)
-}
-
-fn deltas(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
-    before.iter().filter_map(|(k, b)| after.get(k).map(|a| (k.clone(), a - b))).collect()
-}
-
 impl RunData {
-    pub fn load(dir: &Path, label: &str) -> Result<RunData> {
-        crate::results::require_results_dir(dir)?;
-        let run = read_json(&dir.join("run.json"))?;
-        let workloads = if dir.join("workloads.json").exists() {
-            match read_json(&dir.join("workloads.json"))? {
-                Value::Array(a) => a,
-                _ => bail!("{}: workloads.json is not a list", dir.display()),
-            }
-        } else {
-            Vec::new()
+    /// `run` under `label`. Its stored plan is used; a schema-1 run has none, and `legacy` resolves
+    /// one from its config text (the binary's resolver, with today's defaults).
+    pub fn new(run: Run, label: &str, legacy: &dyn Fn(&RunRecord) -> Result<PlanRecord>) -> Result<RunData> {
+        let (plan, plan_from_text) = match &run.record.plan {
+            Some(p) => (p.clone(), false),
+            None => (
+                legacy(&run.record).with_context(|| {
+                    format!(
+                        "{}: results schema {} stores no resolved plan, and its config text no longer resolves",
+                        run.dir.display(),
+                        run.record.schema
+                    )
+                })?,
+                true,
+            ),
         };
-        let mut failures = Vec::new();
-        let path = dir.join("alloc_failures.jsonl");
-        for (i, line) in std::fs::read_to_string(&path).unwrap_or_default().lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let v: Value = serde_json::from_str(line)
-                .with_context(|| format!("{}:{}: not a JSON line", path.display(), i + 1))?;
-            // The catcher records failures only, unless asked for successes too.
-            if v["failed"].as_bool().unwrap_or(true) {
-                failures.push(v);
-            }
-        }
-        let text = run["config"].as_str().unwrap_or_default();
-        let config: toml::Table = toml::from_str(text)
-            .with_context(|| format!("{}: the config stored in run.json does not parse", dir.display()))?;
         Ok(RunData {
             label: label.to_string(),
-            dir: dir.to_path_buf(),
-            compaction: compaction(dir)?,
+            dir: run.dir.clone(),
+            compaction: compaction(&run),
+            plan,
+            plan_from_text,
             run,
-            workloads,
-            failures,
-            config,
         })
     }
 
-    /// The [fragment] this run applied, judged by what it did rather than by its config text:
-    /// None when run.json's `fragment` (the fragmenter's status) is null — `fraglab run --baseline`
-    /// keeps [fragment] in the stored config but never fragments, and neither does a config without
-    /// [fragment] or a run stopped before the fragment phase. When it did fragment, the config's
-    /// [fragment] table names what was applied: the status's own numbers (a whole-machine target's
-    /// free bytes, held bytes, timestamps) differ from run to run of one config.
-    pub fn applied_fragment(&self) -> Option<&toml::Value> {
-        if self.run["fragment"].is_null() {
-            None
-        } else {
-            self.config.get("fragment")
-        }
+    /// The [fragment] this run applied, judged by what it did rather than by its config: None when
+    /// run.json's `fragment` (the fragmenter's status) is null — `fraglab run --baseline` keeps
+    /// [fragment] in the plan but never fragments, and neither does a config without [fragment] or a
+    /// run stopped before the fragment phase. When it did fragment, the plan's [fragment] table names
+    /// what was applied: the status's own numbers (a whole-machine target's free bytes, held bytes,
+    /// timestamps) differ from run to run of one config.
+    pub fn applied_fragment(&self) -> Option<&Value> {
+        self.run.record.fragment.as_ref().and(self.plan.fragment.as_ref())
     }
 
-    fn str(&self, key: &str) -> &str {
-        self.run[key].as_str().unwrap_or("?")
+    fn record(&self) -> &RunRecord {
+        &self.run.record
     }
 
     /// `A (results/quickstart-…)`, for messages.
@@ -211,45 +181,38 @@ impl RunData {
     }
 }
 
+fn vmstat_counters(snapshot: &Snapshot) -> Option<BTreeMap<String, i64>> {
+    let values = &snapshot.vmstat.as_ref()?.values;
+    let out: BTreeMap<String, i64> = COMPACTION_COUNTERS
+        .iter()
+        .filter_map(|c| values.get(*c).map(|v| (c.to_string(), *v as i64)))
+        .collect();
+    (!out.is_empty()).then_some(out)
+}
+
+fn deltas(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
+    before.iter().filter_map(|(k, b)| after.get(k).map(|a| (k.clone(), a - b))).collect()
+}
+
 /// Compaction counter deltas: final.json − baseline.json, else the last probe.jsonl line − the first.
-fn compaction(dir: &Path) -> Result<Option<(String, BTreeMap<String, i64>)>> {
-    let (b, f) = (dir.join("baseline.json"), dir.join("final.json"));
-    if b.exists() && f.exists() {
-        if let (Some(before), Some(after)) =
-            (vmstat_counters(&read_json(&b)?), vmstat_counters(&read_json(&f)?))
-        {
-            return Ok(Some(("baseline.json → final.json".into(), deltas(&before, &after))));
-        }
+fn compaction(run: &Run) -> Option<(String, BTreeMap<String, i64>)> {
+    if let (Some(before), Some(after)) =
+        (run.baseline.as_ref().and_then(vmstat_counters), run.final_.as_ref().and_then(vmstat_counters))
+    {
+        return Some(("baseline.json → final.json".into(), deltas(&before, &after)));
     }
-    let probe = dir.join("probe.jsonl");
-    let Ok(text) = std::fs::read_to_string(&probe) else { return Ok(None) };
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let (Some(first), Some(last)) = (lines.next(), lines.next_back()) else { return Ok(None) };
-    let parse = |l: &str| serde_json::from_str::<Value>(l).ok().as_ref().and_then(vmstat_counters);
-    Ok(match (parse(first), parse(last)) {
-        (Some(before), Some(after)) => {
+    let (first, last) = (run.samples.first()?, run.samples.last()?);
+    match (vmstat_counters(&first.sample.snapshot), vmstat_counters(&last.sample.snapshot)) {
+        (Some(before), Some(after)) if run.samples.len() > 1 => {
             Some(("probe.jsonl, first → last sample".into(), deltas(&before, &after)))
         }
         _ => None,
-    })
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // What must match: [[workload]] and [sweep]
 // ---------------------------------------------------------------------------------------------
-
-/// A [[workload]] table as the run resolved it: its kind and every option with defaults filled in
-/// (so `threads = 2` written out and left to its default compare equal); the raw table when this
-/// fraglab does not know the kind.
-fn resolved_workload(table: &toml::Value) -> (String, serde_json::Map<String, Value>) {
-    let mut options = serde_json::to_value(table).unwrap_or(Value::Null);
-    let kind = options.as_object_mut().and_then(|o| o.remove("kind"));
-    let kind = kind.as_ref().and_then(|k| k.as_str()).unwrap_or("?").to_string();
-    let resolved = crate::runplan::kind_from_options(&kind, &options)
-        .map(|k| crate::runplan::kind_options(&k))
-        .unwrap_or(options);
-    (kind, resolved.as_object().cloned().unwrap_or_default())
-}
 
 fn show(v: Option<&Value>) -> String {
     match v {
@@ -260,63 +223,42 @@ fn show(v: Option<&Value>) -> String {
 }
 
 /// What `other` measures that `base` does not, in the config's own terms; empty when they agree.
+/// Both plans were resolved when their runs started, so an option left to its default and one
+/// written out compare equal, and each run is judged by its own fraglab's defaults.
 pub fn config_differences(base: &RunData, other: &RunData) -> Vec<String> {
     let (a, b) = (&base.label, &other.label);
-    let workloads = |r: &RunData| -> Vec<(String, serde_json::Map<String, Value>)> {
-        match r.config.get("workload") {
-            Some(toml::Value::Array(list)) => list.iter().map(resolved_workload).collect(),
-            _ => Vec::new(),
-        }
-    };
-    let (wa, wb) = (workloads(base), workloads(other));
+    let (wa, wb) = (&base.plan.workloads, &other.plan.workloads);
     let mut out = Vec::new();
     if wa.len() != wb.len() {
-        let kinds = |w: &[(String, _)]| w.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ");
+        let kinds = |w: &[WorkloadSpec]| w.iter().map(|w| w.kind.as_str()).collect::<Vec<_>>().join(", ");
         out.push(format!(
             "[[workload]]: {} in {a} ({}) vs {} in {b} ({})",
             wa.len(),
-            kinds(&wa),
+            kinds(wa),
             wb.len(),
-            kinds(&wb)
+            kinds(wb)
         ));
     }
-    for (i, ((ka, oa), (kb, ob))) in wa.iter().zip(&wb).enumerate() {
-        if ka != kb {
-            out.push(format!("[[workload]] #{} kind: {ka:?} in {a} vs {kb:?} in {b}", i + 1));
+    for (i, (x, y)) in wa.iter().zip(wb).enumerate() {
+        if x.kind != y.kind {
+            out.push(format!("[[workload]] #{} kind: {:?} in {a} vs {:?} in {b}", i + 1, x.kind, y.kind));
             continue;
         }
-        let keys: BTreeSet<&String> = oa.keys().chain(ob.keys()).collect();
+        let keys: BTreeSet<&String> = x.options.keys().chain(y.options.keys()).collect();
         for k in keys {
-            if oa.get(k) != ob.get(k) {
+            if x.options.get(k) != y.options.get(k) {
                 out.push(format!(
-                    "[[workload]] #{} ({ka}) {k}: {} in {a} vs {} in {b}",
+                    "[[workload]] #{} ({}) {k}: {} in {a} vs {} in {b}",
                     i + 1,
-                    show(oa.get(k)),
-                    show(ob.get(k))
+                    x.kind,
+                    show(x.options.get(k)),
+                    show(y.options.get(k))
                 ));
             }
         }
     }
     let sweep = |r: &RunData| -> BTreeMap<String, Value> {
-        let mut m = BTreeMap::new();
-        if let Some(toml::Value::Table(t)) = r.config.get("sweep") {
-            for (k, v) in t {
-                match v {
-                    toml::Value::Table(sysctls) if k == "sysctl" => {
-                        for (name, values) in sysctls {
-                            m.insert(
-                                format!("sysctl.{name:?}"),
-                                serde_json::to_value(values).unwrap_or(Value::Null),
-                            );
-                        }
-                    }
-                    _ => {
-                        m.insert(k.clone(), serde_json::to_value(v).unwrap_or(Value::Null));
-                    }
-                }
-            }
-        }
-        m
+        r.plan.sweep.iter().map(|s| (s.axis.clone(), Value::Array(s.values.clone()))).collect()
     };
     let (sa, sb) = (sweep(base), sweep(other));
     let keys: BTreeSet<&String> = sa.keys().chain(sb.keys()).collect();
@@ -353,90 +295,77 @@ fn context(runs: &[RunData]) -> (Vec<String>, Vec<String>) {
     let (mut warnings, mut notes) = (Vec::new(), Vec::new());
     let base = &runs[0];
     for r in runs {
-        if r.str("status") != "complete" {
-            warnings.push(format!(
-                "{} is {}, not complete: {}",
+        if r.record().status != RunStatus::Complete {
+            warnings.push(format!("{} is {}, not complete: {}", r.named(), r.record().status, r.record().reason));
+        }
+        if r.plan_from_text {
+            notes.push(format!(
+                "{} was recorded in results schema {} (fraglab {}), which stored only its config text: its \
+                 workloads and sweep were resolved from that text with this fraglab's defaults",
                 r.named(),
-                r.str("status"),
-                r.run["reason"].as_str().unwrap_or("")
+                r.record().schema,
+                r.record().fraglab_version
             ));
+        }
+        for n in &r.run.notes {
+            notes.push(format!("{}: {n}", r.label));
         }
     }
     for other in &runs[1..] {
         let pair = format!("{} and {}", base.label, other.label);
-        let same_release = base.str("kernel_release") == other.str("kernel_release");
-        let same_host = base.str("host") == other.str("host");
-        let same_cmdline = base.str("kernel_cmdline") == other.str("kernel_cmdline");
+        let (x, y) = (base.record(), other.record());
+        let same_release = x.kernel_release == y.kernel_release;
+        let same_host = x.host == y.host;
+        let same_cmdline = x.kernel_cmdline == y.kernel_cmdline;
         let same_fragment = base.applied_fragment() == other.applied_fragment();
         if same_release && same_host && same_cmdline {
             if same_fragment {
                 warnings.push(format!(
                     "{pair}: same kernel on both sides: this compares runs, not kernels ({} on {}, {})",
-                    base.str("kernel_release"),
-                    base.str("host"),
+                    x.kernel_release,
+                    x.host,
                     if base.applied_fragment().is_some() { "same [fragment]" } else { "neither fragmented" }
                 ));
             } else {
                 notes.push(format!(
                     "{pair}: same kernel ({} on {}), different [fragment]: this compares memory states, not kernels",
-                    base.str("kernel_release"),
-                    base.str("host")
+                    x.kernel_release, x.host
                 ));
             }
         } else if same_release && same_host {
             notes.push(format!(
                 "{pair}: same kernel release {} on {}, booted with different command lines",
-                base.str("kernel_release"),
-                base.str("host")
+                x.kernel_release, x.host
             ));
         } else if !same_release && !same_host {
             warnings.push(format!(
                 "{pair}: different kernels on different hosts ({} on {} vs {} on {}): a difference may \
                  come from the machine, not the kernel",
-                base.str("kernel_release"),
-                base.str("host"),
-                other.str("kernel_release"),
-                other.str("host")
+                x.kernel_release, x.host, y.kernel_release, y.host
             ));
         } else if !same_release {
-            notes.push(format!(
-                "{pair}: kernel {} vs {} on {}",
-                base.str("kernel_release"),
-                other.str("kernel_release"),
-                base.str("host")
-            ));
+            notes.push(format!("{pair}: kernel {} vs {} on {}", x.kernel_release, y.kernel_release, x.host));
         } else {
             notes.push(format!(
                 "{pair}: same kernel {} on different hosts ({} vs {}): this compares machines",
-                base.str("kernel_release"),
-                base.str("host"),
-                other.str("host")
+                x.kernel_release, x.host, y.host
             ));
         }
         if !(same_fragment || same_release && same_host && same_cmdline) {
             notes.push(format!("{pair}: [fragment] differs too"));
         }
-        if base.str("fraglab_version") != other.str("fraglab_version") {
-            notes.push(format!(
-                "{pair}: fraglab {} vs {}",
-                base.str("fraglab_version"),
-                other.str("fraglab_version")
-            ));
+        if x.fraglab_version != y.fraglab_version {
+            notes.push(format!("{pair}: fraglab {} vs {}", x.fraglab_version, y.fraglab_version));
         }
-        if catch_min_order(base) != catch_min_order(other) {
+        if base.plan.catch_min_order != other.plan.catch_min_order {
             notes.push(format!(
                 "{pair}: the failure catcher caught orders ≥ {} vs ≥ {}: failed allocations by order are \
                  not comparable below the higher one",
-                catch_min_order(base),
-                catch_min_order(other)
+                base.plan.catch_min_order, other.plan.catch_min_order
             ));
         }
     }
     (warnings, notes)
-}
-
-fn catch_min_order(r: &RunData) -> i64 {
-    r.config.get("probe").and_then(|p| p.get("catch_min_order")).and_then(|v| v.as_integer()).unwrap_or(1)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -487,8 +416,10 @@ pub enum Better {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct MetricRow {
-    /// The sweep point's label (`-` without a sweep).
-    pub point: String,
+    /// The sweep point, `{axis: value}` (empty without a sweep).
+    pub point: Point,
+    /// Its label for people (`threads=4`, `-` without a sweep).
+    pub point_label: String,
     /// The workload's index in the config, from 0 as in workloads.json.
     pub index: usize,
     pub kind: String,
@@ -535,7 +466,7 @@ pub struct VsBaseline {
 pub struct FragmentSide {
     pub label: String,
     /// None for a baseline run with no [fragment].
-    pub target: Option<Value>,
+    pub target: Option<fraglab_fragmenter::Target>,
     /// `no free block of order ≥ 4 (64K), 480.00 MiB free below it`, `profile of zone Normal: …`, `none (not fragmented)`.
     pub target_text: String,
     pub budget: Option<u64>,
@@ -569,10 +500,10 @@ pub struct CounterRow {
 }
 
 /// (point, workload index, kind): what a metric is measured at.
-type Key = (String, usize, String);
+type Key = (Point, usize, String);
 
 /// The metrics of one workload result: (name, unit, better, value).
-fn metrics_of(result: &Value) -> Vec<(String, String, Better, f64)> {
+fn metrics_of(result: &WorkloadResult) -> Vec<(String, String, Better, f64)> {
     let (value, unit) = metric(result);
     let name = match unit {
         "Mbit/s" => "throughput",
@@ -580,19 +511,18 @@ fn metrics_of(result: &Value) -> Vec<(String, String, Better, f64)> {
         _ => "successes",
     };
     let mut out = vec![(name.to_string(), unit.to_string(), Better::Higher, value)];
-    for p in ["p50", "p99"] {
-        if let Some(v) = result["latency_us"][p].as_f64() {
-            out.push((format!("latency {p}"), "µs".into(), Better::Lower, v));
+    if let Some(l) = &result.latency_us {
+        for (p, v) in [("p50", l.p50), ("p99", l.p99)] {
+            out.push((format!("latency {p}"), "µs".into(), Better::Lower, v as f64));
         }
     }
     out
 }
 
-fn errno_counts(result: &Value) -> BTreeMap<String, u64> {
+fn errno_counts(result: &WorkloadResult) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
-    for e in result["errors"].as_array().into_iter().flatten() {
-        *m.entry(e["errno"].as_str().unwrap_or("?").to_string()).or_default() +=
-            e["count"].as_u64().unwrap_or(0);
+    for e in &result.errors {
+        *m.entry(e.errno.clone()).or_default() += e.count;
     }
     m
 }
@@ -601,52 +531,34 @@ fn run_info(r: &RunData) -> RunInfo {
     RunInfo {
         label: r.label.clone(),
         dir: r.dir.display().to_string(),
-        name: r.str("name").into(),
-        status: r.str("status").into(),
-        verdict: r.run["verdict"].as_str().map(String::from),
-        reason: r.run["reason"].as_str().unwrap_or("").into(),
-        kernel_release: r.str("kernel_release").into(),
-        host: r.str("host").into(),
-        started: r.str("started").into(),
-        fraglab_version: r.str("fraglab_version").into(),
+        name: r.record().name.clone(),
+        status: r.record().status.to_string(),
+        verdict: r.record().verdict.map(|v| v.to_string()),
+        reason: r.record().reason.clone(),
+        kernel_release: r.record().kernel_release.clone(),
+        host: r.record().host.clone(),
+        started: r.record().started.clone(),
+        fraglab_version: r.record().fraglab_version.clone(),
         compaction_source: r.compaction.as_ref().map(|(s, _)| s.clone()),
     }
 }
 
-/// A fragment target (run.json's `fragment.target`) in words, as the run's summary says it
-/// ([`crate::describe::target`]); one this fraglab cannot read (another version's) as its JSON.
-pub fn target_text(t: &Value) -> String {
-    serde_json::from_value::<fraglab_fragmenter::Target>(t.clone())
-        .map_or_else(|_| t.to_string(), |t| crate::describe::target(&t))
-}
-
 fn fragment_side(r: &RunData) -> FragmentSide {
-    let f = &r.run["fragment"];
-    let list = |v: &Value| -> Vec<u64> {
-        v.as_array().map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0)).collect()).unwrap_or_default()
-    };
-    let target = f.get("target").cloned().filter(|t| !t.is_null());
-    let target_text = target.as_ref().map_or_else(|| "none (not fragmented)".to_string(), target_text);
+    let f = r.record().fragment.as_ref();
     FragmentSide {
         label: r.label.clone(),
-        target,
-        target_text,
-        budget: f["budget"].as_u64(),
-        held_bytes: f["held_bytes"].as_u64(),
-        freed_bytes: f["freed_bytes"].as_u64(),
-        planned: list(&f["planned"]),
-        intact: list(&f["intact"]),
-        missing: list(&f["missing"]),
-        moved_pages: f["moved_pages"].as_u64(),
-        target_lost: f["target_lost"].as_str().map(String::from),
-        keeping: serde_json::from_value::<fraglab_fragmenter::keeper::Keeping>(f["keeping"].clone())
-            .ok()
-            .map(|k| crate::describe::keeping(&k)),
-        windows_held: {
-            let judged: Vec<bool> =
-                r.workloads.iter().filter_map(|w| w["target"]["held"].as_bool()).collect();
-            (!judged.is_empty()).then(|| (judged.iter().filter(|&&h| h).count(), judged.len()))
-        },
+        target: f.map(|f| f.target.clone()),
+        target_text: f.map_or_else(|| "none (not fragmented)".to_string(), |f| describe::target(&f.target)),
+        budget: f.and_then(|f| f.budget),
+        held_bytes: f.map(|f| f.held_bytes),
+        freed_bytes: f.map(|f| f.freed_bytes),
+        planned: f.map(|f| f.planned.clone()).unwrap_or_default(),
+        intact: f.map(|f| f.intact.clone()).unwrap_or_default(),
+        missing: f.map(|f| f.missing.clone()).unwrap_or_default(),
+        moved_pages: f.map(|f| f.moved_pages),
+        target_lost: f.and_then(|f| f.target_lost.clone()),
+        keeping: f.and_then(|f| f.keeping.as_ref()).map(describe::keeping),
+        windows_held: RunRecord::windows_held(&r.run.workloads),
     }
 }
 
@@ -725,40 +637,32 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
     // run → key → (ok, failed)
     let mut tallies: Vec<BTreeMap<Key, Tally>> = vec![BTreeMap::new(); runs.len()];
     for r in runs {
-        for w in &r.workloads {
-            let key = (
-                w["point"].as_str().unwrap_or("-").to_string(),
-                w["index"].as_u64().unwrap_or(0) as usize,
-                w["result"]["kind"].as_str().unwrap_or("?").to_string(),
-            );
+        for w in &r.run.workloads {
+            let key = (w.point.clone(), w.index, w.result.kind.clone());
             if !keys.contains(&key) {
                 keys.push(key.clone());
             }
             let seen = names.entry(key.clone()).or_default();
-            for (name, unit, better, _) in metrics_of(&w["result"]) {
+            for (name, unit, better, _) in metrics_of(&w.result) {
                 if !seen.iter().any(|(n, ..)| *n == name) {
                     seen.push((name, unit, better));
                 }
             }
-            errnos.entry(key).or_default().extend(errno_counts(&w["result"]).into_keys());
+            errnos.entry(key).or_default().extend(errno_counts(&w.result).into_keys());
         }
     }
     for (i, r) in runs.iter().enumerate() {
-        for w in &r.workloads {
-            let key = (
-                w["point"].as_str().unwrap_or("-").to_string(),
-                w["index"].as_u64().unwrap_or(0) as usize,
-                w["result"]["kind"].as_str().unwrap_or("?").to_string(),
-            );
+        for w in &r.run.workloads {
+            let key = (w.point.clone(), w.index, w.result.kind.clone());
             let t = tallies[i].entry(key.clone()).or_default();
-            t.0 += w["result"]["ok"].as_u64().unwrap_or(0);
-            t.1 += w["result"]["failed"].as_u64().unwrap_or(0);
+            t.0 += w.result.ok;
+            t.1 += w.result.failed;
             let per = values[i].entry(key.clone()).or_default();
-            for (name, _, _, v) in metrics_of(&w["result"]) {
+            for (name, _, _, v) in metrics_of(&w.result) {
                 per.entry(name).or_default().push(v);
             }
             // Every iteration counts each errno seen anywhere at this key, 0 when it did not fail so.
-            let counts = errno_counts(&w["result"]);
+            let counts = errno_counts(&w.result);
             for e in &errnos[&key] {
                 per.entry(format!("errors {e}"))
                     .or_default()
@@ -767,7 +671,7 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
         }
     }
     // Workload order: by index, then point in run order, so one workload's points sit together.
-    let point_order: Vec<String> = keys.iter().fold(Vec::new(), |mut v, (p, ..)| {
+    let point_order: Vec<Point> = keys.iter().fold(Vec::new(), |mut v, (p, ..)| {
         if !v.contains(p) {
             v.push(p.clone());
         }
@@ -785,7 +689,7 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
                 failure_difference((&runs[0].label, *a), (&runs[i].label, *b)).filter(|_| i > 0)
             })
             .collect();
-        let what = format!("#{} {} at point {}", key.1 + 1, key.2, key.0);
+        let what = format!("#{} {} at point {}", key.1 + 1, key.2, key.0.label());
         for d in differs.iter().flatten() {
             if counts_failed_ops(&key.2) {
                 warnings.push(format!(
@@ -812,6 +716,7 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
                 .collect();
             metrics.push(MetricRow {
                 point: key.0.clone(),
+                point_label: key.0.label(),
                 index: key.1,
                 kind: key.2.clone(),
                 metric: name,
@@ -825,11 +730,11 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
     let mut orders: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     let mut by_errno: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for (i, r) in runs.iter().enumerate() {
-        for f in &r.failures {
-            orders.entry(f["order"].as_u64().unwrap_or(0)).or_insert_with(|| vec![0; runs.len()])[i] += 1;
+        for f in r.run.failed() {
+            orders.entry(u64::from(f.order)).or_insert_with(|| vec![0; runs.len()])[i] += 1;
         }
-        for w in &r.workloads {
-            for (e, n) in errno_counts(&w["result"]) {
+        for w in &r.run.workloads {
+            for (e, n) in errno_counts(&w.result) {
                 by_errno.entry(e).or_insert_with(|| vec![0; runs.len()])[i] += n;
             }
         }
@@ -961,267 +866,5 @@ mod tests {
         // 1 and 3: s = √2, so the half-width is t(0.975, 1) · √2 / √2 = 12.706204736174694 (scipy).
         let two = Stats::of(&[1.0, 3.0]);
         assert!(close(ci95_half_width(&two).unwrap(), 12.706204736174694, 1e-7));
-    }
-
-    const CONFIG: &str = "[run]\nname = \"t\"\n[fragment]\nmax_free_order = 4\n\n[[workload]]\nkind = \"tcp-rr\"\nduration = \"1s\"\n\n[sweep]\nclients = [1, 2]\n";
-
-    fn record(point: &str, iteration: u32, ops: f64, p99: u64, enomem: u64) -> Value {
-        let errors = if enomem > 0 {
-            serde_json::json!([{"errno": "ENOMEM", "code": 12, "count": enomem, "first_seen_s": 0.1}])
-        } else {
-            serde_json::json!([])
-        };
-        serde_json::json!({"point": point, "sysctls": [], "iteration": iteration, "index": 0, "result": {
-            "kind": "tcp-rr", "ops_per_sec": ops, "ok": 10, "failed": enomem,
-            "latency_us": {"count": 10, "mean": 1.0, "min": 1, "p50": 10, "p90": 20, "p99": p99, "p999": p99, "max": p99},
-            "errors": errors}})
-    }
-
-    fn fake(label: &str, config: &str, kernel: &str, workloads: Vec<Value>) -> RunData {
-        RunData {
-            label: label.into(),
-            dir: PathBuf::from(format!("/results/{label}")),
-            run: serde_json::json!({"name": "t", "status": "complete", "verdict": "not-reproduced",
-                "reason": "", "kernel_release": kernel, "kernel_cmdline": "quiet", "host": "h",
-                "fraglab_version": "0.1.0", "config": config, "started": "now",
-                "fragment": {"target": {"kind": "max_free_order", "order": 4, "free_bytes": 1048576},
-                    "budget": 2097152, "held_bytes": 1, "freed_bytes": 2, "planned": [4, 4, 4, 4, 0],
-                    "intact": [1, 2, 3, 4, 0], "missing": [0, 0, 0, 0, 0], "moved_pages": 0, "target_lost": null}}),
-            workloads,
-            failures: vec![serde_json::json!({"order": 4, "failed": true})],
-            config: toml::from_str(config).unwrap(),
-            compaction: Some((
-                "baseline.json → final.json".into(),
-                BTreeMap::from([("compact_stall".into(), 3)]),
-            )),
-        }
-    }
-
-    #[test]
-    fn model_keys_metrics_errnos_and_verdicts() {
-        let a = fake(
-            "A",
-            CONFIG,
-            "6.18",
-            vec![
-                record("clients=1", 1, 100.0, 50, 0),
-                record("clients=2", 1, 200.0, 50, 0),
-                record("clients=1", 2, 101.0, 52, 0),
-                record("clients=2", 2, 201.0, 52, 0),
-                record("clients=1", 3, 99.0, 51, 0),
-                record("clients=2", 3, 199.0, 51, 0),
-            ],
-        );
-        let b = fake(
-            "B",
-            CONFIG,
-            "6.19",
-            vec![
-                record("clients=1", 1, 80.0, 50, 2),
-                record("clients=2", 1, 200.0, 50, 0),
-                record("clients=1", 2, 81.0, 53, 0),
-                record("clients=2", 2, 202.0, 52, 0),
-                record("clients=1", 3, 79.0, 51, 1),
-                record("clients=2", 3, 198.0, 51, 0),
-            ],
-        );
-        let c = compare(&[a, b]).unwrap();
-        let rows: Vec<(&str, &str)> =
-            c.metrics.iter().map(|m| (m.point.as_str(), m.metric.as_str())).collect();
-        assert_eq!(
-            rows,
-            [
-                ("clients=1", "rate"),
-                ("clients=1", "latency p50"),
-                ("clients=1", "latency p99"),
-                ("clients=1", "errors ENOMEM"),
-                ("clients=2", "rate"),
-                ("clients=2", "latency p50"),
-                ("clients=2", "latency p99"),
-            ]
-        );
-        let rate1 = &c.metrics[0];
-        let b1 = rate1.sides[1].as_ref().unwrap();
-        assert_eq!((b1.n, b1.mean), (3, 80.0));
-        let v = b1.vs_baseline.as_ref().unwrap();
-        assert!(v.significant && v.change == "worse", "{v:?}");
-        assert!((v.pct.unwrap() + 20.0).abs() < 1e-9);
-        let rate2 = c.metrics[4].sides[1].as_ref().unwrap().vs_baseline.as_ref().unwrap();
-        assert!(!rate2.significant && rate2.change == "same", "{rate2:?}");
-        // Errors: every iteration counts, 0 where the errno did not occur; the baseline has only zeros.
-        let e = &c.metrics[3];
-        assert_eq!(e.sides[0].as_ref().unwrap().values, [0.0, 0.0, 0.0]);
-        assert_eq!(e.sides[1].as_ref().unwrap().values, [2.0, 0.0, 1.0]);
-        assert_eq!(e.better, Better::Lower);
-        assert_eq!(c.errors_by_errno[0].key, "ENOMEM");
-        assert_eq!(c.errors_by_errno[0].counts, [0, 3]);
-        assert_eq!(c.failures_by_order[0].key, "4");
-        assert_eq!(c.failures_by_order[0].counts, [1, 1]);
-        assert_eq!(c.compaction[0].deltas, [Some(3), Some(3)]);
-        assert_eq!(c.compaction[1].deltas, [None, None]);
-        assert_eq!(c.fragment[1].target_text, "no free block of order ≥ 4 (64K), 1.00 MiB free below it");
-        // Different kernels on one host: no warning, a note.
-        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
-        assert!(c.notes.iter().any(|n| n.contains("kernel 6.18 vs 6.19")), "{:?}", c.notes);
-    }
-
-    #[test]
-    fn same_kernel_warns_and_fragment_difference_is_noted() {
-        let a = fake("A", CONFIG, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
-        let b = fake("B", CONFIG, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
-        let c = compare(&[a.clone(), b]).unwrap();
-        assert!(c
-            .warnings
-            .iter()
-            .any(|w| w.contains("same kernel on both sides: this compares runs, not kernels")));
-        let unfragmented = CONFIG.replace("[fragment]\nmax_free_order = 4\n", "");
-        let b = fake("B", &unfragmented, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
-        let c = compare(&[a, b]).unwrap();
-        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
-        assert!(c.notes.iter().any(|n| n.contains("compares memory states")), "{:?}", c.notes);
-    }
-
-    /// `fraglab run --baseline` keeps [fragment] in the stored config and writes `"fragment": null`.
-    #[test]
-    fn a_baseline_run_of_the_same_config_is_a_different_memory_state() {
-        let a = fake("A", CONFIG, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
-        let mut b = fake("B", CONFIG, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
-        b.run["fragment"] = Value::Null;
-        let c = compare(&[a, b.clone()]).unwrap();
-        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
-        assert!(c.notes.iter().any(|n| n.contains("different [fragment]: this compares memory states")));
-        assert_eq!(c.fragment[1].target_text, "none (not fragmented)");
-        // Two baseline runs: the same memory state, runs compared.
-        let mut a = b.clone();
-        a.label = "A".into();
-        let c = compare(&[a, b]).unwrap();
-        assert!(
-            c.warnings
-                .iter()
-                .any(|w| w.contains("this compares runs, not kernels") && w.contains("neither fragmented")),
-            "{:?}",
-            c.warnings
-        );
-    }
-
-    const TRIGGER: &str = "[run]\nname = \"t\"\n[fragment]\nmax_free_order = 4\n\n[[workload]]\nkind = \"trigger\"\ntrigger = \"pipe-resize\"\nbytes = \"64MiB\"\nrepeat = 10\n";
-
-    /// A trigger iteration: `failed` of 10 calls failed with ENOMEM.
-    fn trigger(iteration: u32, calls_per_sec: f64, p50: u64, failed: u64) -> Value {
-        let errors = if failed > 0 {
-            serde_json::json!([{"errno": "ENOMEM", "code": 12, "count": failed, "first_seen_s": 0.01}])
-        } else {
-            serde_json::json!([])
-        };
-        serde_json::json!({"point": "-", "sysctls": [], "iteration": iteration, "index": 0, "result": {
-            "kind": "trigger pipe-resize", "ops_per_sec": calls_per_sec, "ok": 10 - failed, "failed": failed,
-            "latency_us": {"count": 10, "mean": 1.0, "min": 1, "p50": p50, "p90": p50, "p99": p50, "p999": p50, "max": p50},
-            "errors": errors, "details": {"calls": 10}}})
-    }
-
-    #[test]
-    fn trigger_rate_and_latency_are_not_compared_when_the_failed_share_differs() {
-        let frag = fake(
-            "A",
-            TRIGGER,
-            "6.18",
-            (1..=3).map(|i| trigger(i, 3000.0 + i as f64, 90 + i as u64, 10)).collect(),
-        );
-        let base = fake(
-            "B",
-            TRIGGER,
-            "6.18",
-            (1..=3).map(|i| trigger(i, 900.0 + i as f64, 800 + i as u64, 0)).collect(),
-        );
-        let c = compare(&[base.clone(), frag.clone()]).unwrap();
-        let why = "B: 0 of 30 failed, A: 30 of 30 failed";
-        let row = |m: &str| c.metrics.iter().find(|r| r.metric == m).unwrap();
-        for m in ["rate", "latency p50", "latency p99"] {
-            let s = row(m).sides[1].as_ref().unwrap();
-            assert_eq!(s.not_comparable.as_deref(), Some(why), "{m}");
-            assert!(s.vs_baseline.is_none(), "{m}: {s:?}");
-            assert_eq!(s.n, 3, "the values are still shown");
-        }
-        // The failure change itself is compared, and said first.
-        let e = row("errors ENOMEM").sides[1].as_ref().unwrap();
-        assert!(e.not_comparable.is_none());
-        assert!(e.vs_baseline.as_ref().unwrap().significant);
-        assert!(
-            c.warnings.iter().any(|w| w.starts_with("#1 trigger pipe-resize at point -: ")
-                && w.contains(why)
-                && w.contains("not compared")),
-            "{:?}",
-            c.warnings
-        );
-        // The same share of failed calls on both sides: compared as before.
-        let frag2 = fake(
-            "B",
-            TRIGGER,
-            "6.19",
-            (1..=3).map(|i| trigger(i, 2000.0 + i as f64, 80 + i as u64, 10)).collect(),
-        );
-        let c = compare(&[frag, frag2]).unwrap();
-        assert!(c.metrics.iter().all(|r| r.sides[1].as_ref().unwrap().not_comparable.is_none()));
-        let rate = c.metrics[0].sides[1].as_ref().unwrap().vs_baseline.as_ref().unwrap();
-        assert!(rate.significant && rate.change == "worse", "{rate:?}");
-        assert!(!c.warnings.iter().any(|w| w.contains("failed")), "{:?}", c.warnings);
-    }
-
-    #[test]
-    fn network_rates_count_successes_and_stay_compared_when_failures_differ() {
-        let a = fake("A", CONFIG, "6.18", (1..=3).map(|i| record("clients=1", i, 100.0, 50, 0)).collect());
-        let b = fake(
-            "B",
-            CONFIG,
-            "6.18",
-            (1..=3).map(|i| record("clients=1", i, 80.0 + i as f64, 50, 2)).collect(),
-        );
-        let c = compare(&[a, b]).unwrap();
-        let rate = c.metrics[0].sides[1].as_ref().unwrap();
-        assert!(rate.not_comparable.is_none() && rate.vs_baseline.as_ref().unwrap().significant);
-        assert!(
-            c.notes
-                .iter()
-                .any(|n| n.contains("#1 tcp-rr at point clients=1: A: 0 of 30 failed, B: 6 of 36 failed")),
-            "{:?}",
-            c.notes
-        );
-    }
-
-    #[test]
-    fn configs_that_measure_different_things_are_refused() {
-        let a = fake("A", CONFIG, "6.18", vec![]);
-        let cases = [
-            (
-                CONFIG.replace("clients = [1, 2]", "clients = [1, 4]"),
-                "[sweep] clients: [1,2] in A vs [1,4] in B",
-            ),
-            (
-                CONFIG.replace("duration = \"1s\"", "duration = \"2s\""),
-                "[[workload]] #1 (tcp-rr) duration: \"1s\" in A vs \"2s\" in B",
-            ),
-            (
-                CONFIG.replace("tcp-rr", "tcp-crr"),
-                "[[workload]] #1 kind: \"tcp-rr\" in A vs \"tcp-crr\" in B",
-            ),
-            (CONFIG.replace("[sweep]\nclients = [1, 2]\n", ""), "[sweep] clients: [1,2] in A vs absent in B"),
-            (
-                CONFIG.to_string() + "[[workload]]\nkind = \"tcp-stream\"\n",
-                "[[workload]]: 1 in A (tcp-rr) vs 2 in B (tcp-rr, tcp-stream)",
-            ),
-        ];
-        for (config, want) in cases {
-            let b = fake("B", &config, "6.19", vec![]);
-            let e = format!("{:#}", compare(&[a.clone(), b]).unwrap_err());
-            assert!(e.contains(want), "want {want:?} in: {e}");
-            assert!(e.contains("cannot be compared"), "{e}");
-        }
-        // What may differ: [run], [probe], [expect], [fragment]; defaults written out count as equal.
-        let ok = CONFIG
-            .replace("name = \"t\"", "name = \"patched\"\niterations = 5")
-            .replace("max_free_order = 4", "max_free_order = 6")
-            .replace("duration = \"1s\"", "duration = \"1s\"\nclients = 1");
-        let b = fake("B", &(ok + "[probe]\ninterval = \"2s\"\n"), "6.19", vec![]);
-        assert!(config_differences(&a, &b).is_empty(), "{:?}", config_differences(&a, &b));
     }
 }

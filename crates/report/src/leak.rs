@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 
 use fraglab_probe::slabinfo::SlabInfo;
+use fraglab_results::point::Point;
 
 /// A round's span on the time axis.
 #[derive(Clone, Debug, PartialEq)]
@@ -31,24 +32,22 @@ pub struct Round {
     pub end: f64,
 }
 
-/// Rounds from the run's phases (`workload <kind> <point> #<iteration> <n>`): consecutive
-/// workload phases of one point and iteration make one round.
+/// Rounds from the run's workload phases: consecutive workload windows of one point and iteration
+/// make one round.
 pub fn rounds(phases: &[super::data::Phase]) -> Vec<Round> {
-    let mut out: Vec<Round> = Vec::new();
+    let mut out: Vec<(Point, u32, Round)> = Vec::new();
     for p in phases {
-        let Some(rest) = p.name.strip_prefix("workload ") else { continue };
-        // `<kind> <point> #<iteration> <n>`: drop the kind and the workload index.
-        let key = rest
-            .split_once(' ')
-            .and_then(|(_, r)| r.rsplit_once(' '))
-            .map(|(k, _)| k.to_string())
-            .unwrap_or_else(|| rest.to_string());
+        let Some(w) = &p.workload else { continue };
         match out.last_mut() {
-            Some(r) if r.name == key => r.end = p.end,
-            _ => out.push(Round { name: key, start: p.start, end: p.end }),
+            Some((point, iteration, r)) if *point == w.point && *iteration == w.iteration => r.end = p.end,
+            _ => out.push((
+                w.point.clone(),
+                w.iteration,
+                Round { name: format!("{} #{}", w.point.label(), w.iteration), start: p.start, end: p.end },
+            )),
         }
     }
-    out
+    out.into_iter().map(|(_, _, r)| r).collect()
 }
 
 /// One cache's levels and verdict.
@@ -267,7 +266,13 @@ mod tests {
     #[test]
     fn rounds_group_workloads_of_one_point_and_iteration() {
         use super::super::data::Phase;
-        let p = |name: &str, start: f64, end: f64| Phase { name: name.into(), start, end };
+        // As the loader gives them: a window for every workload phase (here from schema-1 names).
+        let p = |name: &str, start: f64, end: f64| Phase {
+            name: name.into(),
+            start,
+            end,
+            workload: fraglab_results::record::Window::from_legacy_phase(name),
+        };
         let phases = [
             p("fragment", 0.0, 4.0),
             p("workload tcp-stream threads=1 sysctl.x=0 #1 1", 4.0, 5.0),

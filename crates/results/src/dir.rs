@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::record::{RunRecord, RunStatus};
+
 /// Check `dir` is one run's results directory (it has run.json) before reading it; if not, say
 /// what it is instead: missing, or a parent of results directories (then name them, so the user
 /// can pick one).
@@ -78,12 +80,12 @@ impl ResultsDir {
     /// still going or complete. Returns whether run.json was changed.
     pub fn mark_cut_short(&self, why: &str) -> Result<bool> {
         let Some(mut record) = self.running_record()? else { return Ok(false) };
-        record["status"] = "incomplete".into();
-        record["reason"] = match record["phase"].as_str() {
-            Some(phase) => format!("{why}; it was in phase `{phase}`").into(),
+        record.status = RunStatus::Incomplete;
+        record.reason = match record.phase.take() {
+            Some(phase) => format!("{why}; it was in phase `{phase}`"),
             None => why.into(),
         };
-        record["finished"] = serde_json::to_value(crate::workload::result::wall_now())?;
+        record.finished = Some(crate::workload::wall_now());
         self.write_json("run.json", &record)?;
         Ok(true)
     }
@@ -92,18 +94,17 @@ impl ResultsDir {
     /// record written when the run ends replaces it with the full list of phases.
     pub fn mark_phase(&self, phase: &str) -> Result<()> {
         let Some(mut record) = self.running_record()? else { return Ok(()) };
-        record["phase"] = phase.into();
+        record.phase = Some(phase.into());
         self.write_json("run.json", &record)
     }
 
-    /// run.json as JSON, if it still says the run is `running`.
-    fn running_record(&self) -> Result<Option<serde_json::Value>> {
+    /// run.json, if it still says the run is `running`. A record this fraglab cannot read (another
+    /// schema) is left alone.
+    fn running_record(&self) -> Result<Option<RunRecord>> {
         let path = self.dir.join("run.json");
-        let record: serde_json::Value = serde_json::from_slice(
-            &fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?,
-        )
-        .with_context(|| format!("{} is not JSON", path.display()))?;
-        Ok((record["status"] == "running").then_some(record))
+        let text = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let record: RunRecord = crate::load::parse_run(&text, &path)?;
+        Ok((record.status == RunStatus::Running).then_some(record))
     }
 
     /// An append-only JSON-lines file; each line is flushed as it is written.

@@ -1,0 +1,218 @@
+//! The summary a run prints, read back from its results directory (so it is also what a later
+//! reader of the directory would see): like the seeds' tables, one row per sweep point and workload.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Result;
+use fraglab_fragmenter::describe;
+use fraglab_probe::stack::group_by_caller;
+use fraglab_results::load::Run;
+use fraglab_results::point::Point;
+use fraglab_results::record::RunRecord;
+use fraglab_results::workload::WorkloadResult;
+
+/// The main number of a workload result and its unit: throughput, else rate, else successes.
+pub fn metric(result: &WorkloadResult) -> (f64, &'static str) {
+    if let Some(t) = result.throughput_mbit {
+        (t, "Mbit/s")
+    } else if let Some(r) = result.ops_per_sec {
+        (r, "ops/s")
+    } else {
+        (result.ok as f64, "ok")
+    }
+}
+
+/// Mean and sample standard deviation.
+pub fn mean_stddev(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mean = v.iter().sum::<f64>() / n;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+/// One summary row's values, unit and errno counts.
+type Row = (Vec<f64>, &'static str, BTreeMap<String, u64>);
+
+/// `fragment: budget 512.00 MiB, no free block of order ≥ 4 (64K), 480.00 MiB free below it; pin
+/// mlock`, and the scaling of a profile target.
+fn fragment_line(f: &fraglab_fragmenter::Status) -> String {
+    let mut o = format!("fragment: {}, {}", describe::extent(f.budget), describe::target(&f.target));
+    o += &format!("; pin {}", describe::pin(f.pin));
+    o += "\n";
+    if let Some(s) = describe::scaled_profile(&f.target, f.scale, f.budget, &f.planned, &f.missing) {
+        o += &format!("  {s}\n");
+    }
+    o
+}
+
+/// The summary of the run in `dir`.
+pub fn render(dir: &Path) -> Result<String> {
+    Ok(render_run(&Run::load(dir)?))
+}
+
+/// The summary of a run read.
+pub fn render_run(run: &Run) -> String {
+    let r: &RunRecord = &run.record;
+    let mut o = String::new();
+    o += &format!(
+        "{} on {} — {}; verdict: {} ({})\n",
+        r.name,
+        r.kernel_release,
+        r.status,
+        r.verdict.map_or("none", |v| v.name()),
+        r.reason
+    );
+    if let Some(f) = &r.fragment {
+        let cells = |v: &[u64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ");
+        o += &fragment_line(f);
+        o += &format!("  planned free blocks per order: {}\n", cells(&f.planned));
+        o += &format!("  intact at the end:             {}\n", cells(&f.intact));
+        for z in &f.buddyinfo_now.zones {
+            o += &format!("  buddyinfo Node {}, zone {:<8} {}\n", z.node, z.zone, cells(&z.free));
+        }
+        if let Some(k) = &f.keeping {
+            o += &format!("  {}\n", describe::keeping(k));
+        }
+        if let Some((held, of)) = RunRecord::windows_held(&run.workloads) {
+            o += &format!("  target held in {held} of {of} workload windows\n");
+        }
+        for w in &run.workloads {
+            let Some(t) = w.target.as_ref().filter(|t| !t.held) else { continue };
+            o += &format!(
+                "    lost in {} {} #{}: {:.3} s of {:.3} s ({})\n",
+                w.result.kind,
+                w.point,
+                w.iteration,
+                t.lost_s,
+                t.window_s,
+                t.worst.as_deref().unwrap_or("")
+            );
+        }
+    }
+    // (point, kind) → values; printed in sweep order (see `Point::by_value`).
+    let mut table: BTreeMap<(Point, String), Row> = BTreeMap::new();
+    for w in &run.workloads {
+        let (value, unit) = metric(&w.result);
+        let entry =
+            table.entry((w.point.clone(), w.result.kind.clone())).or_insert_with(|| (Vec::new(), unit, BTreeMap::new()));
+        entry.0.push(value);
+        for e in &w.result.errors {
+            *entry.2.entry(e.errno.clone()).or_default() += e.count;
+        }
+    }
+    if !table.is_empty() {
+        o += &format!(
+            "\n{:<40} {:<22} {:>3} {:>8} {:>12} {:>10}  errors\n",
+            "point", "workload", "n", "unit", "mean", "stddev"
+        );
+        let mut rows: Vec<_> = table.iter().collect();
+        rows.sort_by(|a, b| a.0 .0.by_value(&b.0 .0).then_with(|| a.0 .1.cmp(&b.0 .1)));
+        for ((point, kind), (values, unit, errors)) in rows {
+            let (mean, sd) = mean_stddev(values);
+            let errs = errors.iter().map(|(e, n)| format!("{e}×{n}")).collect::<Vec<_>>().join(" ");
+            o += &format!(
+                "{:<40} {kind:<22} {:>3} {unit:>8} {mean:>12.2} {sd:>10.2}  {errs}\n",
+                point.label(),
+                values.len()
+            );
+        }
+    }
+    let failures: Vec<_> = run.failed().collect();
+    let mut by_order: BTreeMap<u32, (u64, BTreeMap<String, u64>)> = BTreeMap::new();
+    for f in &failures {
+        let e = by_order.entry(f.order).or_default();
+        e.0 += 1;
+        *e.1.entry(f.comm.clone()).or_default() += 1;
+    }
+    if by_order.is_empty() {
+        o += "\nkernel: no failed allocation caught\n";
+    } else {
+        o += "\nkernel: failed allocations by order\n";
+        for (order, (n, comms)) in &by_order {
+            let c = comms.iter().map(|(c, n)| format!("{c}×{n}")).collect::<Vec<_>>().join(" ");
+            o += &format!("  order {order}: {n} ({c})\n");
+        }
+        o += "kernel: failed allocations by caller (first function outside the allocator ← its caller)\n";
+        for g in group_by_caller(failures.iter().map(|f| (f.order, &f.stack[..]))) {
+            o += &format!("  {}\n", g.describe());
+        }
+    }
+    for e in &r.errors {
+        o += &format!("error: {e}\n");
+    }
+    for s in &r.sysctls_restored {
+        o += &format!("restored {s}\n");
+    }
+    for n in &run.notes {
+        o += &format!("note: {n}\n");
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A results directory: a real run.json (schema 1, from a 6.1 guest) given the sctp-lo-mtu64k
+    /// run's target, and the real sctp-stream capture as alloc_failures.jsonl.
+    fn results_dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("fraglab-summary-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let mut run: serde_json::Value =
+            serde_json::from_str(include_str!("../../runner/tests/captures/pipe-highorder-6.1-fragmented/run.json"))
+                .unwrap();
+        run["name"] = "sctp-lo-mtu64k".into();
+        run["fragment"]["target"] = serde_json::json!({"free_bytes":503316480,"kind":"max_free_order","order":4});
+        std::fs::write(d.join("run.json"), run.to_string()).unwrap();
+        std::fs::write(
+            d.join("alloc_failures.jsonl"),
+            include_str!("../../runner/tests/captures/alloc_failures-sctp-stream-6.1.jsonl"),
+        )
+        .unwrap();
+        d
+    }
+
+    #[test]
+    fn failures_by_caller_one_name_per_task_and_target_in_words() {
+        let d = results_dir("caller");
+        let out = render(&d).unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+        assert!(
+            out.contains(
+                "fragment: whole machine, no free block of order ≥ 4 (64K), 480.00 MiB free below it; pin mlock\n"
+            ),
+            "{out}"
+        );
+        // pid 93 is `<...>` once and `fraglab` once in the capture: one task, one name. Pids 87
+        // and 36 have no name anywhere, so they stay `<...>`.
+        assert!(out.contains("  order 4: 2 (fraglab×2)\n"), "{out}");
+        assert!(out.contains("  order 9: 2 (<...>×2)\n"), "{out}");
+        assert!(
+            out.contains(
+                "  order 4 ×2 from __alloc_skb ← _sctp_make_chunk, then sctp_make_datafrag_empty ← \
+                 sctp_datamsg_from_user ← sctp_sendmsg_to_asoc ← sctp_sendmsg\n"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "  order 9 ×1 from do_huge_pmd_anonymous_page ← __handle_mm_fault, then handle_mm_fault"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("  order 9 ×1 from alloc_charge_hpage ← collapse_huge_page, then hpage_collapse_scan_pmd ← khugepaged\n"), "{out}");
+    }
+
+    #[test]
+    fn mean_and_sample_stddev() {
+        // Seed 000's three fragmented runs, real seconds: 14.159 15.252 15.826.
+        let (m, sd) = mean_stddev(&[14.159, 15.252, 15.826]);
+        assert!((m - 15.079).abs() < 1e-3, "{m}");
+        assert!((sd - 0.8470).abs() < 1e-3, "{sd}");
+    }
+}

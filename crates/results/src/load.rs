@@ -1,0 +1,169 @@
+//! A results directory read back, whole and typed: every reader starts here.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use fraglab_probe::snapshot::Snapshot;
+use fraglab_probe::tracefs::AllocFailure;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::dir::require_results_dir;
+use crate::record::{RunRecord, Window, WorkloadRecord, WorkloadsFile};
+use crate::sample::SampleLine;
+use crate::{Versioned, SCHEMA};
+
+/// One run's results.
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub dir: PathBuf,
+    /// run.json. In a schema-1 run its phases' windows are filled from their names and `plan` is
+    /// None (schema 1 stored only the config text).
+    pub record: RunRecord,
+    /// workloads.json; empty when the run had no workload or ended before one finished.
+    pub workloads: Vec<WorkloadRecord>,
+    /// probe.jsonl, in the order written.
+    pub samples: Vec<SampleLine>,
+    /// alloc_failures.jsonl, as caught (failures, and successes when the catcher was asked for them).
+    pub failures: Vec<AllocFailure>,
+    pub baseline: Option<Snapshot>,
+    pub final_: Option<Snapshot>,
+    /// What the reader should know about the data: unreadable lines, missing or unreadable files.
+    pub notes: Vec<String>,
+}
+
+impl Run {
+    /// Read `dir`. An error names the file and what to do; damage a killed run can leave (a torn
+    /// last line, a missing snapshot) becomes a note instead.
+    pub fn load(dir: &Path) -> Result<Run> {
+        require_results_dir(dir)?;
+        let path = dir.join("run.json");
+        let record = parse_run(&std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?, &path)?;
+        let mut notes = Vec::new();
+        let path = dir.join("workloads.json");
+        let workloads = if path.exists() { read_workloads(&path)? } else { Vec::new() };
+        let samples: Vec<SampleLine> = read_lines(&dir.join("probe.jsonl"), &mut notes)?;
+        let failures: Vec<Versioned<AllocFailure>> = read_lines(&dir.join("alloc_failures.jsonl"), &mut notes)?;
+        let mut failures: Vec<AllocFailure> = failures.into_iter().map(|f| f.body).collect();
+        fraglab_probe::tracefs::fill_unknown_comms(&mut failures);
+        let mut snapshot = |file: &str| -> Option<Snapshot> {
+            let p = dir.join(file);
+            if !p.exists() {
+                return None;
+            }
+            match read_json::<Versioned<Snapshot>>(&p) {
+                Ok(s) => Some(s.body),
+                Err(e) => {
+                    notes.push(format!("{e:#}"));
+                    None
+                }
+            }
+        };
+        let (baseline, final_) = (snapshot("baseline.json"), snapshot("final.json"));
+        Ok(Run { dir: dir.to_path_buf(), record, workloads, samples, failures, baseline, final_, notes })
+    }
+
+    /// The failed allocations (the catcher records successes too when asked).
+    pub fn failed(&self) -> impl Iterator<Item = &AllocFailure> {
+        self.failures.iter().filter(|f| f.failed)
+    }
+}
+
+/// The schema a document says it is in; refuse one newer than this fraglab reads.
+fn check_schema(value: &Value, path: &Path) -> Result<u32> {
+    let schema = match value.get("schema") {
+        None => 1,
+        Some(v) => v
+            .as_u64()
+            .with_context(|| format!("{}: `schema` is {v}, not a number: not a file fraglab wrote", path.display()))?
+            as u32,
+    };
+    if schema > SCHEMA {
+        bail!(
+            "{}: written in results schema {schema}, by a newer fraglab; this one ({}) reads schemas 1 to {SCHEMA}: \
+             read it with the fraglab that wrote it, or a newer one",
+            path.display(),
+            env!("CARGO_PKG_VERSION")
+        );
+    }
+    Ok(schema)
+}
+
+/// run.json's text, of any schema this fraglab reads, as the current [`RunRecord`].
+pub fn parse_run(text: &[u8], path: &Path) -> Result<RunRecord> {
+    let value: Value = serde_json::from_slice(text)
+        .with_context(|| format!("{} is not JSON: not a run.json fraglab wrote", path.display()))?;
+    let schema = check_schema(&value, path)?;
+    let mut record = RunRecord::deserialize(&value).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: results schema {schema} (written by fraglab {}), but {e}: read it with the fraglab that wrote it",
+            path.display(),
+            value.get("fraglab_version").and_then(Value::as_str).unwrap_or("of unknown version")
+        )
+    })?;
+    record.schema = schema;
+    if schema == 1 {
+        for p in &mut record.phases {
+            p.workload = Window::from_legacy_phase(&p.name);
+        }
+    }
+    Ok(record)
+}
+
+/// workloads.json: an object with `schema` (2), or the bare list schema 1 wrote.
+fn read_workloads(path: &Path) -> Result<Vec<WorkloadRecord>> {
+    let value: Value = read_json(path)?;
+    let file = if value.is_array() {
+        WorkloadsFile { schema: 1, workloads: Vec::<WorkloadRecord>::deserialize(&value).map_err(|e| bad(path, 1, e))? }
+    } else {
+        let schema = check_schema(&value, path)?;
+        WorkloadsFile::deserialize(&value).map_err(|e| bad(path, schema, e))?
+    };
+    Ok(file.workloads)
+}
+
+fn bad(path: &Path, schema: u32, e: serde_json::Error) -> anyhow::Error {
+    anyhow::anyhow!("{}: results schema {schema}, but {e}: not what fraglab run writes", path.display())
+}
+
+fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let value: Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON: not what fraglab run writes", path.display()))?;
+    let schema = check_schema(&value, path)?;
+    T::deserialize(&value).map_err(|e| bad(path, schema, e))
+}
+
+/// JSON lines; a line that does not parse (a run killed mid-write) becomes a note, not an error. A
+/// line of a newer schema is an error: the file is not this fraglab's to read.
+fn read_lines<T: DeserializeOwned>(path: &Path, notes: &mut Vec<String>) -> Result<Vec<T>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let mut out = Vec::new();
+    let mut unreadable = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = PathBuf::from(format!("{}:{}", path.display(), i + 1));
+        let parsed = serde_json::from_str::<Value>(line)
+            .map_err(|e| e.to_string())
+            .and_then(|v| Ok((check_schema(&v, &at).map_err(|e| format!("{e:#}"))?, v)));
+        match parsed {
+            Ok((schema, v)) => match T::deserialize(&v) {
+                Ok(t) => out.push(t),
+                Err(e) => unreadable.push(format!("{}: results schema {schema}, but {e}", at.display())),
+            },
+            Err(e) if e.contains("newer fraglab") => bail!("{e}"),
+            Err(e) => unreadable.push(format!("{}: {e}", at.display())),
+        }
+    }
+    if !unreadable.is_empty() {
+        notes.push(format!("{} unreadable line(s) skipped, first: {}", unreadable.len(), unreadable[0]));
+    }
+    Ok(out)
+}
