@@ -132,7 +132,7 @@ pub fn kinds(sides: &[&RunData]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in sides {
         for w in &r.workloads {
-            if !out.iter().any(|k| *k == w.result.kind) {
+            if !out.contains(&w.result.kind) {
                 out.push(w.result.kind.clone());
             }
         }
@@ -212,8 +212,11 @@ pub fn throughput(sides: &[&RunData], letters: &[String], kind: &str) -> Option<
     Some(Plot { kind: kind.into(), unit: unit.into(), x, series })
 }
 
+/// One field of a latency record.
+pub type Percentile = fn(&Latency) -> u64;
+
 /// The latency percentiles the report draws: (label, its field of `latency_us`).
-pub const PERCENTILES: [(&str, fn(&Latency) -> u64); 4] =
+pub const PERCENTILES: [(&str, Percentile); 4] =
     [("p50", |l| l.p50), ("p90", |l| l.p90), ("p99", |l| l.p99), ("p99.9", |l| l.p999)];
 
 /// Latency percentiles of `kind` against the sweep (µs, mean over iterations of each iteration's

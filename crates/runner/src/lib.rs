@@ -3,14 +3,11 @@
 
 pub mod cli;
 pub mod commands;
-pub mod compare;
 pub mod config;
+pub mod exit;
 pub mod pipeline;
-pub mod report;
 pub mod resolve;
-pub mod results;
 pub mod runplan;
-pub mod summary;
 pub mod vm;
 pub mod workload;
 
@@ -21,7 +18,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// Exit status when the machine lacks something fraglab needs (a kernel feature, root).
+use crate::exit::Exit;
+
+/// Exit status when the machine lacks something fraglab needs (a kernel feature, root); the
+/// workloads' own code says it with this until they take [`exit::Exit`].
 pub const EXIT_UNSUPPORTED: u8 = 125;
 
 pub fn main() -> ExitCode {
@@ -42,17 +42,23 @@ pub fn main() -> ExitCode {
         cli::Command::Status(args) => commands::fragment::status(args, &cli.run_dir),
         cli::Command::Release => commands::fragment::release(&cli.run_dir),
         cli::Command::Workload(args) => commands::workload::run(args),
-        cli::Command::Serve(args) => crate::workload::tcp::serve(args),
+        cli::Command::Serve(args) => crate::workload::tcp::serve(args).map(|code| {
+            if code == ExitCode::from(EXIT_UNSUPPORTED) {
+                Exit::CouldNotTest
+            } else {
+                Exit::Ok
+            }
+        }),
         cli::Command::Vm(args) => crate::vm::run(args),
         cli::Command::Scan(args) => commands::scan::run(args),
         cli::Command::Report(args) => commands::report::run(args),
         cli::Command::Compare(args) => commands::compare::run(args),
     };
     match result {
-        Ok(code) => code,
+        Ok(exit) => exit.into(),
         Err(e) => {
             eprintln!("fraglab: {e:#}");
-            ExitCode::FAILURE
+            Exit::Failed.into()
         }
     }
 }
@@ -80,7 +86,7 @@ fn recover_after_dead_fraglabs(run_dir: &std::path::Path) {
                     h.pid,
                     std::process::id()
                 );
-                match (results::ResultsDir { dir: dir.clone() }).mark_cut_short(&why) {
+                match (fraglab_results::dir::ResultsDir { dir: dir.clone() }).mark_cut_short(&why) {
                     Ok(true) => {
                         eprintln!("fraglab: marked the dead run's results incomplete: {}", dir.display())
                     }

@@ -14,11 +14,12 @@ use fraglab_fragmenter::sysctl::Journal;
 use fraglab_probe::kmsg::{KmsgEvent, KmsgWatcher};
 use fraglab_probe::snapshot::{Monitor, Sampler, Snapshot};
 use fraglab_probe::tracefs::Catcher;
-use serde::Serialize;
+use fraglab_results::dir::ResultsDir;
+use fraglab_results::record::{Phase, RunRecord, RunStatus, Window, WorkloadRecord, WorkloadsFile};
+use fraglab_results::sample::{SampleLine, SampleTarget};
+use fraglab_results::{Versioned, SCHEMA};
 
-use crate::results::ResultsDir;
 use crate::runplan::RunPlan;
-use crate::workload::result::WorkloadResult;
 
 /// A failed allocation the keeper made itself: a pipe ring it asked for after another task took the
 /// block. Fraglab's, not the kernel failing a workload, so it must not count as a reproduction. The
@@ -35,156 +36,7 @@ fn by_the_keeper(f: &fraglab_probe::tracefs::AllocFailure, keeper_tid: i32) -> b
     f.pid == keeper_tid && f.stack.iter().any(resize)
 }
 
-/// How a run ended, and its exit status for `git bisect run`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Verdict {
-    /// Exit 0.
-    NotReproduced,
-    /// Exit 1.
-    Reproduced,
-    /// Exit 125: the target was not reached or lost, something the run needs is missing, or a
-    /// workload could not run.
-    CouldNotTest,
-    /// Exit 130: stopped by a signal; the results are incomplete. Above 127, so `git bisect run`
-    /// stops too.
-    Interrupted,
-}
-
-impl Verdict {
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Verdict::NotReproduced => 0,
-            Verdict::Reproduced => 1,
-            Verdict::CouldNotTest => 125,
-            Verdict::Interrupted => 130,
-        }
-    }
-}
-
-/// One phase of the run on the monotonic clock, to line up with probe.jsonl samples.
-#[derive(Clone, Debug, Serialize)]
-pub struct Phase {
-    pub name: String,
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub secs: f64,
-}
-
-/// run.json.
-#[derive(Clone, Debug, Serialize)]
-pub struct RunRecord {
-    pub name: String,
-    pub description: Option<String>,
-    /// `running`, `complete`, `incomplete` (interrupted or failed part-way).
-    pub status: String,
-    pub verdict: Option<Verdict>,
-    pub reason: String,
-    pub kernel_release: String,
-    pub kernel_cmdline: String,
-    pub host: String,
-    pub fraglab_version: String,
-    pub config_path: String,
-    pub config: String,
-    pub started: String,
-    pub finished: Option<String>,
-    pub phases: Vec<Phase>,
-    pub fragment: Option<fraglab_fragmenter::Status>,
-    /// Every stretch of the hold when the target did not hold (the keeper's record).
-    pub target_losses: Vec<fraglab_fragmenter::keeper::Loss>,
-    pub sysctls_restored: Vec<String>,
-    pub errors: Vec<String>,
-}
-
-/// One line of workloads.json.
-#[derive(Clone, Debug, Serialize)]
-pub struct WorkloadRecord {
-    pub point: String,
-    pub sysctls: Vec<(String, String)>,
-    pub iteration: u32,
-    pub index: usize,
-    pub result: WorkloadResult,
-    /// Whether the target held through the workload's window; `None` for a baseline run.
-    pub target: Option<WindowTarget>,
-}
-
-impl WorkloadRecord {
-    /// `sctp-stream msg=32KiB #2`, or `trigger #1` without a sweep.
-    pub fn window_name(&self) -> String {
-        match self.point.as_str() {
-            "-" => format!("{} #{}", self.result.kind, self.iteration),
-            point => format!("{} {point} #{}", self.result.kind, self.iteration),
-        }
-    }
-}
-
-/// Whether the target held through one workload's window (from the keeper's record).
-#[derive(Clone, Debug, Serialize)]
-pub struct WindowTarget {
-    /// Lost for no longer than the tolerance: the window can say "not reproduced".
-    pub held: bool,
-    pub window_s: f64,
-    pub lost_s: f64,
-    pub losses: u64,
-    /// What this window could lose and still hold: `lost_tolerance`, and never more than
-    /// [`MOST_LOST_FRACTION`] of the window.
-    pub tolerance_s: f64,
-    /// Losses count when a free block of this order or above was seen: the target's, or a higher
-    /// `[expect] failed_order`.
-    pub order: usize,
-    /// The worst of it: `3 order-6 blocks free in DMA32`.
-    pub worst: Option<String>,
-}
-
-impl WindowTarget {
-    fn judge(lost: Lost, start_ns: u64, end_ns: u64, tolerance: Duration, order: usize) -> Self {
-        let window = end_ns - start_ns;
-        let tolerance = (tolerance.as_nanos() as u64).min((window as f64 * MOST_LOST_FRACTION) as u64);
-        WindowTarget {
-            held: lost.ns <= tolerance,
-            window_s: window as f64 / 1e9,
-            lost_s: lost.ns as f64 / 1e9,
-            losses: lost.losses,
-            tolerance_s: tolerance as f64 / 1e9,
-            order,
-            worst: lost.worst,
-        }
-    }
-
-    /// `lost for 1.800 s of the 3.000 s window (3 order-6 blocks free in DMA32), more than its
-    /// 0.100 s tolerance`.
-    pub fn lost_text(&self) -> String {
-        format!(
-            "lost for {:.3} s of the {:.3} s window{}, more than its {:.3} s tolerance",
-            self.lost_s,
-            self.window_s,
-            self.worst.as_ref().map(|w| format!(" ({w})")).unwrap_or_default(),
-            self.tolerance_s
-        )
-    }
-}
-
-/// However long the tolerance, a window must have held for 95 % of its length: a trigger's 20 ms
-/// window that a 30 ms loss covered was not tested, though 30 ms is within 100 ms.
-pub const MOST_LOST_FRACTION: f64 = 0.05;
-
-/// One line of probe.jsonl: the snapshot, and whether the target held since the previous one.
-#[derive(Serialize)]
-struct Sample<'a> {
-    #[serde(flatten)]
-    sample: &'a fraglab_probe::snapshot::Sample,
-    target: Option<SampleTarget>,
-}
-
-#[derive(Serialize)]
-struct SampleTarget {
-    /// Not lost at any moment since the previous sample.
-    held: bool,
-    lost_ms: f64,
-    /// Free pages at or above the target order per zone at the keeper's last look; zones not in
-    /// play (DMA) are reported, not counted.
-    zones: Vec<fraglab_fragmenter::keeper::ZoneAbove>,
-}
+pub use fraglab_results::record::{Verdict, WindowTarget, MOST_LOST_FRACTION};
 
 /// Run the plan. Returns the verdict and the results directory; on an error part-way the directory
 /// is still left valid, its run.json marked incomplete with the error.
@@ -203,7 +55,7 @@ pub fn run(
         Err(reason) => Err(reason),
     };
     let results = ResultsDir::create(&plan.output, &plan.name)?;
-    let record = RunRecord::new(plan);
+    let record = new_record(plan);
     let (mut instance, restored) = match held {
         Ok(held) => held,
         Err(reason) => {
@@ -218,7 +70,7 @@ pub fn run(
     let dir = results.dir.clone();
     let out = pipeline(plan, run_dir, restored, stop, results, record.clone()).map_err(|e| {
         let mut record = record;
-        record.status = "incomplete".into();
+        record.status = RunStatus::Incomplete;
         record.reason = format!("{e:#}");
         record.finished = Some(crate::workload::result::wall_now());
         let _ = ResultsDir { dir: dir.clone() }.write_json("run.json", &record);
@@ -246,7 +98,7 @@ fn pipeline(
     let journal = Journal::create(run_dir)?;
 
     phases.begin("baseline");
-    results.write_json("baseline.json", &Snapshot::take(&Monitor::available().0)?)?;
+    results.write_json("baseline.json", &Versioned::now(Snapshot::take(&Monitor::available().0)?))?;
 
     phases.begin("fragment");
     // One journal for the run: the fragmenter's sysctls and the sweep's, restored together.
@@ -319,7 +171,7 @@ fn pipeline(
                     interrupted = Some("interrupted by a signal".to_string());
                     break 'points;
                 }
-                phases.begin(&format!("workload {} {} #{iteration} {}", w.kind_name, point.label, index + 1));
+                phases.begin_window(Window { kind: w.kind_name.clone(), point: point.point.clone(), iteration, index });
                 if let Held::Fragmented(g) = &kernel {
                     // Start the window from a fresh look, so a loss found after it is not charged
                     // from a look before it began. A failed look here shows in the one after.
@@ -351,14 +203,14 @@ fn pipeline(
                     record.errors.extend(g.take_events());
                 }
                 workloads.push(WorkloadRecord {
-                    point: point.label.clone(),
+                    point: point.point.clone(),
                     sysctls: point.sysctls.clone(),
                     iteration,
                     index,
                     result,
                     target,
                 });
-                results.write_json("workloads.json", &workloads)?;
+                results.write_json("workloads.json", &WorkloadsFile { schema: SCHEMA, workloads: workloads.clone() })?;
             }
         }
     }
@@ -378,7 +230,7 @@ fn pipeline(
     // Written before the release, which can fail: the failures are the run's evidence.
     let mut lines = results.lines("alloc_failures.jsonl")?;
     for f in &failures {
-        lines.push(f)?;
+        lines.push(&Versioned::now(f))?;
     }
     let kernel_log = kmsg.map(|k| k.stop()).transpose()?.unwrap_or_default();
     sampler.stop()?;
@@ -398,7 +250,7 @@ fn pipeline(
     // incomplete.
 
     phases.begin("final");
-    results.write_json("final.json", &Snapshot::take(&Monitor::available().0)?)?;
+    results.write_json("final.json", &Versioned::now(Snapshot::take(&Monitor::available().0)?))?;
     phases.end();
     record.phases = phases.done();
 
@@ -451,36 +303,27 @@ impl Held {
     }
 }
 
-impl RunRecord {
-    fn new(plan: &RunPlan) -> RunRecord {
-        let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
-        RunRecord {
-            name: plan.name.clone(),
-            description: plan.description.clone(),
-            status: "running".into(),
-            verdict: None,
-            reason: String::new(),
-            kernel_release: read("/proc/sys/kernel/osrelease"),
-            kernel_cmdline: read("/proc/cmdline"),
-            host: read("/proc/sys/kernel/hostname"),
-            fraglab_version: env!("CARGO_PKG_VERSION").into(),
-            config_path: plan.config_path.display().to_string(),
-            config: plan.config_text.clone(),
-            started: crate::workload::result::wall_now(),
-            finished: None,
-            phases: Vec::new(),
-            fragment: None,
-            target_losses: Vec::new(),
-            sysctls_restored: Vec::new(),
-            errors: Vec::new(),
-        }
+/// run.json as a run starts: `running`, its plan, nothing measured yet.
+fn new_record(plan: &RunPlan) -> RunRecord {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
+    RunRecord {
+        description: plan.description.clone(),
+        kernel_release: read("/proc/sys/kernel/osrelease"),
+        kernel_cmdline: read("/proc/cmdline"),
+        host: read("/proc/sys/kernel/hostname"),
+        fraglab_version: env!("CARGO_PKG_VERSION").into(),
+        config_path: plan.config_path.display().to_string(),
+        config: plan.config_text.clone(),
+        plan: Some(plan.record.clone()),
+        started: crate::workload::result::wall_now(),
+        ..RunRecord::new(&plan.name)
     }
 }
 
 /// Phases on the monotonic clock; beginning one ends the previous.
 struct Phases {
     done: Vec<Phase>,
-    current: Option<(String, u64)>,
+    current: Option<(String, Option<Window>, u64)>,
     results: ResultsDir,
 }
 
@@ -491,8 +334,16 @@ impl Phases {
 
     fn begin(&mut self, name: &str) {
         self.end();
-        self.current = Some((name.to_string(), monotonic_ns()));
+        self.current = Some((name.to_string(), None, monotonic_ns()));
         self.mark(name);
+    }
+
+    /// A workload's window: its phase is named for people and carries the window for readers.
+    fn begin_window(&mut self, window: Window) {
+        self.end();
+        let name = window.phase_name();
+        self.mark(&name);
+        self.current = Some((name, Some(window), monotonic_ns()));
     }
 
     /// Say in run.json where the run is. Advisory — it only tells a run that dies where it was — so
@@ -504,9 +355,9 @@ impl Phases {
     }
 
     fn end(&mut self) {
-        if let Some((name, start_ns)) = self.current.take() {
+        if let Some((name, workload, start_ns)) = self.current.take() {
             let end_ns = monotonic_ns();
-            self.done.push(Phase { name, start_ns, end_ns, secs: (end_ns - start_ns) as f64 / 1e9 });
+            self.done.push(Phase { name, start_ns, end_ns, secs: (end_ns - start_ns) as f64 / 1e9, workload });
         }
     }
 
@@ -661,7 +512,7 @@ impl BackgroundSampler {
                     SampleTarget { held: lost.ns == 0, lost_ms: lost.ns as f64 / 1e6, zones: t.now.clone() }
                 });
                 previous_ns = Some(now_ns);
-                out.push(&Sample { sample: &sample, target })
+                out.push(&SampleLine { schema: SCHEMA, sample, target })
             };
             while !flag.load(Ordering::Relaxed) {
                 sample(&mut sampler)?;
@@ -772,7 +623,7 @@ fn finish(
     verdict: Verdict,
     reason: String,
 ) -> Result<(Verdict, ResultsDir)> {
-    record.status = "complete".into();
+    record.status = RunStatus::Complete;
     record.verdict = Some(verdict);
     record.reason = reason;
     record.finished = Some(crate::workload::result::wall_now());
@@ -782,7 +633,7 @@ fn finish(
 
 /// Write run.json for a run a signal stopped: incomplete, verdict interrupted (exit 130).
 fn interrupted(results: ResultsDir, mut record: RunRecord, reason: String) -> Result<(Verdict, ResultsDir)> {
-    record.status = "incomplete".into();
+    record.status = RunStatus::Incomplete;
     record.verdict = Some(Verdict::Interrupted);
     record.reason = reason;
     record.finished = Some(crate::workload::result::wall_now());

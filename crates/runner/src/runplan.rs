@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use fraglab_probe::snapshot::Monitor;
-use serde::Serialize;
 
 use crate::config::{Config, Source};
 use crate::resolve::{self, Machine};
 use crate::units::parse_duration;
 use crate::workload::Kind;
+use fraglab_results::point::{plain, Point};
+use fraglab_results::record::{PlanRecord, RunRecord, SweepAxis, WorkloadSpec};
 
 /// Everything `fraglab run` will do, validated.
 #[derive(Debug)]
@@ -32,12 +33,16 @@ pub struct RunPlan {
     pub kmsg: bool,
     pub points: Vec<SweepPoint>,
     pub expect: Expect,
+    /// The plan as run.json stores it, for readers that must not re-resolve the config text.
+    pub record: PlanRecord,
 }
 
 /// One cell of the sweep matrix: sysctls to set and the workloads to run there.
 #[derive(Debug)]
 pub struct SweepPoint {
-    /// `threads=4 net.core.high_order_alloc_disable=1`, or `-` when there is no sweep.
+    /// `{threads: 4, sysctl.net.core.high_order_alloc_disable: 1}`; empty when there is no sweep.
+    pub point: Point,
+    /// `threads=4 sysctl.net.core.high_order_alloc_disable=1`, or `-` when there is no sweep.
     pub label: String,
     pub sysctls: Vec<(String, String)>,
     pub workloads: Vec<Workload>,
@@ -50,12 +55,7 @@ pub struct Workload {
     pub kind: Kind,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Expect {
-    pub errno: Vec<String>,
-    pub failed_order: Option<u32>,
-    pub failed_in: Vec<String>,
-}
+pub use fraglab_results::record::Expect;
 
 /// How long a workload's window may see the target lost and still say "not reproduced": ten of the
 /// keeper's looks — a block seen and re-broken at one look counts from the look before it.
@@ -159,11 +159,8 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
     for combo in cross(&axes) {
         let mut sysctls = Vec::new();
         let mut workloads = Vec::new();
-        let label = if combo.is_empty() {
-            "-".to_string()
-        } else {
-            combo.iter().map(|(k, v)| format!("{k}={}", plain(v))).collect::<Vec<_>>().join(" ")
-        };
+        let point = Point { axes: combo.clone() };
+        let label = point.label();
         for (kind_name, options) in &base {
             let mut options = options.clone();
             for (key, value) in &combo {
@@ -181,8 +178,16 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
                 sysctls.push((name.to_string(), plain(value)));
             }
         }
-        points.push(SweepPoint { label, sysctls, workloads });
+        points.push(SweepPoint { point, label, sysctls, workloads });
     }
+    let record = PlanRecord {
+        fragmenter: fragment.clone(),
+        lost_tolerance_s: lost_tolerance.as_secs_f64(),
+        interval_s: interval.as_secs_f64(),
+        monitors: monitors.iter().map(|m| m.path().to_string()).collect(),
+        expect: expect.clone(),
+        ..plan_record(&src.text, cfg, &base, &axes)
+    };
 
     Ok(RunPlan {
         name: cfg.run.name.clone(),
@@ -199,7 +204,75 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
         kmsg: cfg.probe.kmsg,
         points,
         expect,
+        record,
     })
+}
+
+/// What run.json stores of a plan, from the config's text and its workloads and sweep axes as
+/// resolved; the caller adds what needs the machine.
+fn plan_record(
+    text: &str,
+    cfg: &Config,
+    base: &[(String, serde_json::Value)],
+    axes: &[(String, Vec<serde_json::Value>)],
+) -> PlanRecord {
+    let workloads = base
+        .iter()
+        .map(|(kind, options)| {
+            // Every option with its default filled in, so one written out and one left to its
+            // default compare equal; a kind this fraglab does not know keeps its options as written.
+            let resolved = kind_from_options(kind, options).map(|k| kind_options(&k)).unwrap_or(options.clone());
+            WorkloadSpec { kind: kind.clone(), options: resolved.as_object().cloned().unwrap_or_default() }
+        })
+        .collect();
+    // The [fragment] table as written: what two runs applied, whatever this machine made of it.
+    let fragment = toml::from_str::<toml::Table>(text)
+        .ok()
+        .and_then(|t| t.get("fragment").cloned())
+        .and_then(|f| serde_json::to_value(f).ok());
+    PlanRecord {
+        iterations: cfg.run.iterations,
+        workloads,
+        sweep: axes.iter().map(|(axis, values)| SweepAxis { axis: axis.clone(), values: values.clone() }).collect(),
+        points: cross(axes).into_iter().map(|axes| Point { axes }).collect(),
+        fragment,
+        fragmenter: None,
+        lost_tolerance_s: 0.0,
+        interval_s: 0.0,
+        monitors: Vec::new(),
+        catch_min_order: cfg.probe.catch_min_order,
+        kmsg: cfg.probe.kmsg,
+        expect: Expect {
+            errno: cfg.expect.errno.clone(),
+            failed_order: cfg.expect.failed_order,
+            failed_in: cfg.expect.failed_in.clone(),
+        },
+    }
+}
+
+/// The plan of a run recorded in results schema 1, which stored only its config text: resolved from
+/// that text with this fraglab's defaults, and without the machine (nothing is checked against it).
+/// `fraglab compare` says when it had to do this.
+pub fn legacy_plan(record: &RunRecord) -> Result<PlanRecord> {
+    let cfg: Config = toml::from_str(&record.config)
+        .with_context(|| format!("the config stored in run.json ({}) does not parse", record.config_path))?;
+    let base = cfg
+        .workload
+        .iter()
+        .map(|table| {
+            let mut options = serde_json::to_value(table)?;
+            let kind = options.as_object_mut().and_then(|o| o.remove("kind"));
+            Ok((kind.as_ref().and_then(|k| k.as_str()).unwrap_or("?").to_string(), options))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut axes = Vec::new();
+    for (key, values) in &cfg.sweep.options {
+        axes.push((key.clone(), values.iter().map(serde_json::to_value).collect::<Result<_, _>>()?));
+    }
+    for (name, values) in &cfg.sweep.sysctl {
+        axes.push((format!("sysctl.{name}"), values.iter().map(serde_json::to_value).collect::<Result<_, _>>()?));
+    }
+    Ok(plan_record(&record.config, &cfg, &base, &axes))
 }
 
 /// The sweep's axes in a stable order: workload options first, then sysctls.
@@ -262,14 +335,6 @@ fn has_option(kind_name: &str, options: &serde_json::Value, key: &str) -> bool {
         .ok()
         .and_then(|k| serde_json::to_value(kind_options(&k)).ok())
         .is_some_and(|v| v.get(key).is_some())
-}
-
-/// `4`, `"16MiB"` → `4`, `16MiB`: sweep values as they are written into labels and sysctls.
-fn plain(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
 }
 
 /// A workload's options as JSON, whatever its kind.

@@ -2,13 +2,12 @@
 //! table like the mailing lists' ("good / good + series", pct in brackets), markdown or JSON.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
+use crate::exit::Exit;
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 
-use crate::commands::run::EXIT_ERROR;
-use crate::compare::{Better, Comparison, MetricRow, RunData, Side};
+use fraglab_report::compare::{Better, Comparison, MetricRow, RunData, Side};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -34,7 +33,7 @@ pub struct CompareArgs {
 
 /// Exit 0 with the comparison on stdout; 255 (with the reason on stderr) when the directories cannot
 /// be read or do not measure the same thing.
-pub fn run(args: CompareArgs) -> Result<ExitCode> {
+pub fn run(args: CompareArgs) -> Result<Exit> {
     match build(&args) {
         Ok(c) => {
             for w in &c.warnings {
@@ -46,11 +45,11 @@ pub fn run(args: CompareArgs) -> Result<ExitCode> {
                 Format::Json => serde_json::to_string_pretty(&c)? + "\n",
             };
             print!("{out}");
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Ok)
         }
         Err(e) => {
             eprintln!("fraglab: {e:#}");
-            Ok(ExitCode::from(EXIT_ERROR))
+            Ok(Exit::Error)
         }
     }
 }
@@ -70,10 +69,10 @@ fn build(args: &CompareArgs) -> Result<Comparison> {
         .enumerate()
         .map(|(i, d)| {
             let label = args.labels.get(i).cloned().unwrap_or_else(|| default_label(i));
-            RunData::load(d, &label)
+            RunData::new(fraglab_results::load::Run::load(d)?, &label, &crate::runplan::legacy_plan)
         })
         .collect::<Result<Vec<_>>>()?;
-    crate::compare::compare(&runs)
+    fraglab_report::compare::compare(&runs)
 }
 
 /// A, B, …, Z, R27, R28, …
@@ -170,7 +169,7 @@ fn significant(c: &Comparison) -> Vec<String> {
                     row.index + 1,
                     row.kind,
                     row.metric,
-                    row.point,
+                    row.point_label,
                     run.label,
                     signed_pct(v.pct),
                     v.change,
@@ -220,7 +219,7 @@ fn size(b: Option<u64>) -> String {
     b.map(crate::units::format_size).unwrap_or_else(|| "-".into())
 }
 
-fn fragment_summary(f: &crate::compare::FragmentSide) -> String {
+fn fragment_summary(f: &fraglab_report::compare::FragmentSide) -> String {
     if f.target.is_none() {
         return f.target_text.clone();
     }
@@ -316,7 +315,7 @@ pub fn text(c: &Comparison) -> String {
             o += &format!("\n{}\n", title(g[0]));
             let mut rows = vec![std::iter::once("point".to_string()).chain(labels.iter().cloned()).collect()];
             for row in g {
-                let mut r = vec![row.point.clone()];
+                let mut r = vec![row.point_label.clone()];
                 r.extend(row.sides.iter().enumerate().map(|(i, s)| cell(s, i == 0)));
                 rows.push(r);
             }
@@ -444,7 +443,7 @@ pub fn markdown(c: &Comparison) -> String {
             let rows: Vec<Vec<String>> = g
                 .iter()
                 .map(|row| {
-                    std::iter::once(format!("`{}`", row.point))
+                    std::iter::once(format!("`{}`", row.point_label))
                         .chain(row.sides.iter().enumerate().map(|(i, s)| {
                             let text = cell(s, i == 0);
                             let sig = s
@@ -536,4 +535,317 @@ pub fn markdown(c: &Comparison) -> String {
         .collect();
     o += &md_table(&header("counter"), &rows);
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    use fraglab_probe::tracefs::AllocFailure;
+    use fraglab_report::compare::{compare, config_differences, Better, RunData};
+    use fraglab_results::load::Run;
+    use serde_json::{json, Value};
+
+    const CONFIG: &str = "[run]\nname = \"t\"\n[fragment]\nmax_free_order = 4\n\n[[workload]]\nkind = \"tcp-rr\"\nduration = \"1s\"\n\n[sweep]\nclients = [1, 2]\n";
+
+    fn record(point: &str, iteration: u32, ops: f64, p99: u64, enomem: u64) -> Value {
+        let errors = if enomem > 0 {
+            json!([{"errno": "ENOMEM", "code": 12, "count": enomem, "first_seen_s": 0.1}])
+        } else {
+            json!([])
+        };
+        json!({"point": point, "sysctls": [], "iteration": iteration, "index": 0, "result": {
+            "kind": "tcp-rr", "ops_per_sec": ops, "ok": 10, "failed": enomem,
+            "latency_us": {"count": 10, "mean": 1.0, "min": 1, "p50": 10, "p90": 20, "p99": p99, "p999": p99, "max": p99},
+            "errors": errors}})
+    }
+
+    /// A run as schema 1 recorded it (config text, no plan: compare resolves it with
+    /// [`legacy_plan`]), its fragmenter status from a real run.json with these numbers.
+    fn fake(label: &str, config: &str, kernel: &str, workloads: Vec<Value>) -> RunData {
+        let mut record: Value = serde_json::from_str(include_str!(
+            "../../tests/captures/pipe-highorder-6.1-fragmented/run.json"
+        ))
+        .unwrap();
+        for (k, v) in [
+            ("name", json!("t")),
+            ("status", json!("complete")),
+            ("verdict", json!("not-reproduced")),
+            ("reason", json!("")),
+            ("kernel_release", json!(kernel)),
+            ("kernel_cmdline", json!("quiet")),
+            ("host", json!("h")),
+            ("fraglab_version", json!("0.1.0")),
+            ("config", json!(config)),
+        ] {
+            record[k] = v;
+        }
+        let f = &mut record["fragment"];
+        f["target"] = json!({"kind": "max_free_order", "order": 4, "free_bytes": 1048576});
+        f["budget"] = json!(2097152);
+        f["planned"] = json!([4, 4, 4, 4, 0]);
+        f["intact"] = json!([1, 2, 3, 4, 0]);
+        f["missing"] = json!([0, 0, 0, 0, 0]);
+        let path = PathBuf::from(format!("/results/{label}/run.json"));
+        let run = Run {
+            dir: PathBuf::from(format!("/results/{label}")),
+            record: fraglab_results::load::parse_run(record.to_string().as_bytes(), &path).unwrap(),
+            workloads: workloads.into_iter().map(|w| serde_json::from_value(w).unwrap()).collect(),
+            samples: vec![],
+            failures: vec![failure(4)],
+            baseline: None,
+            final_: None,
+            notes: vec![],
+        };
+        let mut r = RunData::new(run, label, &crate::runplan::legacy_plan).unwrap();
+        r.compaction = Some(("baseline.json → final.json".into(), BTreeMap::from([("compact_stall".into(), 3)])));
+        r
+    }
+
+    fn failure(order: u32) -> AllocFailure {
+        AllocFailure {
+            time: 1.0,
+            cpu: 0,
+            comm: "x".into(),
+            pid: 1,
+            order,
+            migratetype: 0,
+            gfp_flags: vec![],
+            gfp_residue: None,
+            gfp_mask: None,
+            failed: true,
+            pfn: None,
+            stack: vec![],
+            line: String::new(),
+        }
+    }
+
+    #[test]
+    fn model_keys_metrics_errnos_and_verdicts() {
+        let a = fake(
+            "A",
+            CONFIG,
+            "6.18",
+            vec![
+                record("clients=1", 1, 100.0, 50, 0),
+                record("clients=2", 1, 200.0, 50, 0),
+                record("clients=1", 2, 101.0, 52, 0),
+                record("clients=2", 2, 201.0, 52, 0),
+                record("clients=1", 3, 99.0, 51, 0),
+                record("clients=2", 3, 199.0, 51, 0),
+            ],
+        );
+        let b = fake(
+            "B",
+            CONFIG,
+            "6.19",
+            vec![
+                record("clients=1", 1, 80.0, 50, 2),
+                record("clients=2", 1, 200.0, 50, 0),
+                record("clients=1", 2, 81.0, 53, 0),
+                record("clients=2", 2, 202.0, 52, 0),
+                record("clients=1", 3, 79.0, 51, 1),
+                record("clients=2", 3, 198.0, 51, 0),
+            ],
+        );
+        let c = compare(&[a, b]).unwrap();
+        let rows: Vec<(&str, &str)> =
+            c.metrics.iter().map(|m| (m.point_label.as_str(), m.metric.as_str())).collect();
+        assert_eq!(
+            rows,
+            [
+                ("clients=1", "rate"),
+                ("clients=1", "latency p50"),
+                ("clients=1", "latency p99"),
+                ("clients=1", "errors ENOMEM"),
+                ("clients=2", "rate"),
+                ("clients=2", "latency p50"),
+                ("clients=2", "latency p99"),
+            ]
+        );
+        let rate1 = &c.metrics[0];
+        let b1 = rate1.sides[1].as_ref().unwrap();
+        assert_eq!((b1.n, b1.mean), (3, 80.0));
+        let v = b1.vs_baseline.as_ref().unwrap();
+        assert!(v.significant && v.change == "worse", "{v:?}");
+        assert!((v.pct.unwrap() + 20.0).abs() < 1e-9);
+        let rate2 = c.metrics[4].sides[1].as_ref().unwrap().vs_baseline.as_ref().unwrap();
+        assert!(!rate2.significant && rate2.change == "same", "{rate2:?}");
+        // Errors: every iteration counts, 0 where the errno did not occur; the baseline has only zeros.
+        let e = &c.metrics[3];
+        assert_eq!(e.sides[0].as_ref().unwrap().values, [0.0, 0.0, 0.0]);
+        assert_eq!(e.sides[1].as_ref().unwrap().values, [2.0, 0.0, 1.0]);
+        assert_eq!(e.better, Better::Lower);
+        assert_eq!(c.errors_by_errno[0].key, "ENOMEM");
+        assert_eq!(c.errors_by_errno[0].counts, [0, 3]);
+        assert_eq!(c.failures_by_order[0].key, "4");
+        assert_eq!(c.failures_by_order[0].counts, [1, 1]);
+        assert_eq!(c.compaction[0].deltas, [Some(3), Some(3)]);
+        assert_eq!(c.compaction[1].deltas, [None, None]);
+        assert_eq!(c.fragment[1].target_text, "no free block of order ≥ 4 (64K), 1.00 MiB free below it");
+        // Different kernels on one host: no warning, a note.
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert!(c.notes.iter().any(|n| n.contains("kernel 6.18 vs 6.19")), "{:?}", c.notes);
+    }
+
+    #[test]
+    fn same_kernel_warns_and_fragment_difference_is_noted() {
+        let a = fake("A", CONFIG, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
+        let b = fake("B", CONFIG, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
+        let c = compare(&[a.clone(), b]).unwrap();
+        assert!(c
+            .warnings
+            .iter()
+            .any(|w| w.contains("same kernel on both sides: this compares runs, not kernels")));
+        let unfragmented = CONFIG.replace("[fragment]\nmax_free_order = 4\n", "");
+        let b = fake("B", &unfragmented, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
+        let c = compare(&[a, b]).unwrap();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert!(c.notes.iter().any(|n| n.contains("compares memory states")), "{:?}", c.notes);
+    }
+
+    /// `fraglab run --baseline` keeps [fragment] in the stored config and writes `"fragment": null`.
+    #[test]
+    fn a_baseline_run_of_the_same_config_is_a_different_memory_state() {
+        let a = fake("A", CONFIG, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
+        let mut b = fake("B", CONFIG, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
+        b.run.record.fragment = None;
+        let c = compare(&[a, b.clone()]).unwrap();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert!(c.notes.iter().any(|n| n.contains("different [fragment]: this compares memory states")));
+        assert_eq!(c.fragment[1].target_text, "none (not fragmented)");
+        // Two baseline runs: the same memory state, runs compared.
+        let mut a = b.clone();
+        a.label = "A".into();
+        let c = compare(&[a, b]).unwrap();
+        assert!(
+            c.warnings
+                .iter()
+                .any(|w| w.contains("this compares runs, not kernels") && w.contains("neither fragmented")),
+            "{:?}",
+            c.warnings
+        );
+    }
+
+    const TRIGGER: &str = "[run]\nname = \"t\"\n[fragment]\nmax_free_order = 4\n\n[[workload]]\nkind = \"trigger\"\ntrigger = \"pipe-resize\"\nbytes = \"64MiB\"\nrepeat = 10\n";
+
+    /// A trigger iteration: `failed` of 10 calls failed with ENOMEM.
+    fn trigger(iteration: u32, calls_per_sec: f64, p50: u64, failed: u64) -> Value {
+        let errors = if failed > 0 {
+            json!([{"errno": "ENOMEM", "code": 12, "count": failed, "first_seen_s": 0.01}])
+        } else {
+            json!([])
+        };
+        json!({"point": "-", "sysctls": [], "iteration": iteration, "index": 0, "result": {
+            "kind": "trigger pipe-resize", "ops_per_sec": calls_per_sec, "ok": 10 - failed, "failed": failed,
+            "latency_us": {"count": 10, "mean": 1.0, "min": 1, "p50": p50, "p90": p50, "p99": p50, "p999": p50, "max": p50},
+            "errors": errors, "details": {"calls": 10}}})
+    }
+
+    #[test]
+    fn trigger_rate_and_latency_are_not_compared_when_the_failed_share_differs() {
+        let frag = fake(
+            "A",
+            TRIGGER,
+            "6.18",
+            (1..=3).map(|i| trigger(i, 3000.0 + i as f64, 90 + i as u64, 10)).collect(),
+        );
+        let base = fake(
+            "B",
+            TRIGGER,
+            "6.18",
+            (1..=3).map(|i| trigger(i, 900.0 + i as f64, 800 + i as u64, 0)).collect(),
+        );
+        let c = compare(&[base.clone(), frag.clone()]).unwrap();
+        let why = "B: 0 of 30 failed, A: 30 of 30 failed";
+        let row = |m: &str| c.metrics.iter().find(|r| r.metric == m).unwrap();
+        for m in ["rate", "latency p50", "latency p99"] {
+            let s = row(m).sides[1].as_ref().unwrap();
+            assert_eq!(s.not_comparable.as_deref(), Some(why), "{m}");
+            assert!(s.vs_baseline.is_none(), "{m}: {s:?}");
+            assert_eq!(s.n, 3, "the values are still shown");
+        }
+        // The failure change itself is compared, and said first.
+        let e = row("errors ENOMEM").sides[1].as_ref().unwrap();
+        assert!(e.not_comparable.is_none());
+        assert!(e.vs_baseline.as_ref().unwrap().significant);
+        assert!(
+            c.warnings.iter().any(|w| w.starts_with("#1 trigger pipe-resize at point -: ")
+                && w.contains(why)
+                && w.contains("not compared")),
+            "{:?}",
+            c.warnings
+        );
+        // The same share of failed calls on both sides: compared as before.
+        let frag2 = fake(
+            "B",
+            TRIGGER,
+            "6.19",
+            (1..=3).map(|i| trigger(i, 2000.0 + i as f64, 80 + i as u64, 10)).collect(),
+        );
+        let c = compare(&[frag, frag2]).unwrap();
+        assert!(c.metrics.iter().all(|r| r.sides[1].as_ref().unwrap().not_comparable.is_none()));
+        let rate = c.metrics[0].sides[1].as_ref().unwrap().vs_baseline.as_ref().unwrap();
+        assert!(rate.significant && rate.change == "worse", "{rate:?}");
+        assert!(!c.warnings.iter().any(|w| w.contains("failed")), "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn network_rates_count_successes_and_stay_compared_when_failures_differ() {
+        let a = fake("A", CONFIG, "6.18", (1..=3).map(|i| record("clients=1", i, 100.0, 50, 0)).collect());
+        let b = fake(
+            "B",
+            CONFIG,
+            "6.18",
+            (1..=3).map(|i| record("clients=1", i, 80.0 + i as f64, 50, 2)).collect(),
+        );
+        let c = compare(&[a, b]).unwrap();
+        let rate = c.metrics[0].sides[1].as_ref().unwrap();
+        assert!(rate.not_comparable.is_none() && rate.vs_baseline.as_ref().unwrap().significant);
+        assert!(
+            c.notes
+                .iter()
+                .any(|n| n.contains("#1 tcp-rr at point clients=1: A: 0 of 30 failed, B: 6 of 36 failed")),
+            "{:?}",
+            c.notes
+        );
+    }
+
+    #[test]
+    fn configs_that_measure_different_things_are_refused() {
+        let a = fake("A", CONFIG, "6.18", vec![]);
+        let cases = [
+            (
+                CONFIG.replace("clients = [1, 2]", "clients = [1, 4]"),
+                "[sweep] clients: [1,2] in A vs [1,4] in B",
+            ),
+            (
+                CONFIG.replace("duration = \"1s\"", "duration = \"2s\""),
+                "[[workload]] #1 (tcp-rr) duration: \"1s\" in A vs \"2s\" in B",
+            ),
+            (
+                CONFIG.replace("tcp-rr", "tcp-crr"),
+                "[[workload]] #1 kind: \"tcp-rr\" in A vs \"tcp-crr\" in B",
+            ),
+            (CONFIG.replace("[sweep]\nclients = [1, 2]\n", ""), "[sweep] clients: [1,2] in A vs absent in B"),
+            (
+                CONFIG.to_string() + "[[workload]]\nkind = \"tcp-stream\"\n",
+                "[[workload]]: 1 in A (tcp-rr) vs 2 in B (tcp-rr, tcp-stream)",
+            ),
+        ];
+        for (config, want) in cases {
+            let b = fake("B", &config, "6.19", vec![]);
+            let e = format!("{:#}", compare(&[a.clone(), b]).unwrap_err());
+            assert!(e.contains(want), "want {want:?} in: {e}");
+            assert!(e.contains("cannot be compared"), "{e}");
+        }
+        // What may differ: [run], [probe], [expect], [fragment]; defaults written out count as equal.
+        let ok = CONFIG
+            .replace("name = \"t\"", "name = \"patched\"\niterations = 5")
+            .replace("max_free_order = 4", "max_free_order = 6")
+            .replace("duration = \"1s\"", "duration = \"1s\"\nclients = 1");
+        let b = fake("B", &(ok + "[probe]\ninterval = \"2s\"\n"), "6.19", vec![]);
+        assert!(config_differences(&a, &b).is_empty(), "{:?}", config_differences(&a, &b));
+    }
 }

@@ -4,7 +4,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, Stdio};
+
+use crate::exit::Exit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -85,13 +87,13 @@ impl Shaping {
     }
 }
 
-pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
+pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
     let machine = Machine::read()?;
     let plan =
         resolve::fragment(&FragmentSpec::from(&args), &machine, &|k| format!("--{}", k.replace('_', "-")))?;
     if args.dry_run {
         print_plan(&plan, &machine, args.json)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Ok);
     }
     if !args.daemon_child {
         // Before anything is taken, where the user is looking (the daemon child's stderr is a log).
@@ -143,7 +145,7 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
             } else {
                 eprintln!("fraglab: {msg}");
             }
-            return Ok(ExitCode::FAILURE);
+            return Ok(Exit::Failed);
         }
     };
 
@@ -190,7 +192,7 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<ExitCode> {
     let _ = std::fs::remove_file(run_dir.join(control::SOCKET));
     drop(instance);
     eprintln!("released; restored {}", restored.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", "));
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Ok)
 }
 
 /// A progress bar for shaping, cleared when dropped.
@@ -232,7 +234,7 @@ impl Drop for ClearOnDrop {
 }
 
 /// Run this same command again in the background and wait until it holds (or fails).
-fn spawn_daemon(run_dir: &Path) -> Result<ExitCode> {
+fn spawn_daemon(run_dir: &Path) -> Result<Exit> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     args.push("--daemon-child".into());
     let mut cmd = Command::new(std::env::current_exe()?);
@@ -254,12 +256,12 @@ fn spawn_daemon(run_dir: &Path) -> Result<ExitCode> {
                 child.id(),
                 run_dir.join("fraglab.log").display()
             );
-            return Ok(ExitCode::SUCCESS);
+            return Ok(Exit::Ok);
         }
         if let Some(why) = line.strip_prefix(STOPPED) {
             eprintln!("fraglab: the background fragmenter: {why}");
             child.wait()?;
-            return Ok(ExitCode::FAILURE);
+            return Ok(Exit::Failed);
         }
     }
     let code = child.wait()?;
@@ -279,7 +281,7 @@ fn detach(run_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn status(args: StatusArgs, run_dir: &Path) -> Result<ExitCode> {
+pub fn status(args: StatusArgs, run_dir: &Path) -> Result<Exit> {
     let reply = control::call(run_dir, &Request::Status)?;
     if let Some(shaping) = reply["shaping"].as_str() {
         if args.json {
@@ -290,14 +292,14 @@ pub fn status(args: StatusArgs, run_dir: &Path) -> Result<ExitCode> {
                 reply["pid"]
             );
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Ok);
     }
     let status: Status = serde_json::from_value(reply["status"].clone())?;
     report(&status, args.json)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Ok)
 }
 
-pub fn release(run_dir: &Path) -> Result<ExitCode> {
+pub fn release(run_dir: &Path) -> Result<Exit> {
     let holder = Instance::holder();
     let socket = run_dir.join(control::SOCKET);
     if UnixStream::connect(&socket).is_err() {
@@ -313,7 +315,7 @@ pub fn release(run_dir: &Path) -> Result<ExitCode> {
             bail!("no fragmenter to release in {}: {h} holds the machine; {how}", run_dir.display());
         }
         eprintln!("nothing to release: no fraglab is holding memory");
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Ok);
     }
     // What it changed, to say what was put back once it has let go.
     let journal = run_dir.join(Journal::FILE);
@@ -354,7 +356,7 @@ pub fn release(run_dir: &Path) -> Result<ExitCode> {
                     format!(", restored {}", restored.join(", "))
                 }
             );
-            return Ok(ExitCode::SUCCESS);
+            return Ok(Exit::Ok);
         }
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::process::ExitCode;
+use crate::exit::Exit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use fraglab_probe::zoneinfo::ZoneInfo;
 use crate::cli::ProbeArgs;
 use crate::units::{format_size, order_size, parse_duration};
 
-pub fn run(args: ProbeArgs) -> Result<ExitCode> {
+pub fn run(args: ProbeArgs) -> Result<Exit> {
     // Resolve before sampling: a bad interval or monitor name is refused before any file is opened.
     let interval =
         args.watch.as_deref().map(parse_duration).transpose().map_err(|e| anyhow::anyhow!("--watch: {e}"))?;
@@ -71,7 +71,7 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
         } else {
             print!("{}", human(&snap));
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Ok);
     };
 
     let mut out: Box<dyn Write> = match &args.output {
@@ -111,7 +111,7 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
             p.display()
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Ok)
 }
 
 /// The snapshot as a kernel engineer reads it: buddyinfo with block sizes, `free`, indices, counters.

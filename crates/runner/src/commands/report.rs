@@ -2,7 +2,7 @@
 //! (inline SVG and CSS, no script, nothing loaded from the network) from `fraglab run` results.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
+use crate::exit::Exit;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -20,8 +20,8 @@ pub struct ReportArgs {
     pub output: PathBuf,
 }
 
-pub fn run(args: ReportArgs) -> Result<ExitCode> {
-    let report = crate::report::generate(&args.results, &args.compare)?;
+pub fn run(args: ReportArgs) -> Result<Exit> {
+    let report = fraglab_report::generate(&args.results, &args.compare)?;
     // Written next to the target and renamed, so a reader never opens half a report.
     let tmp = args.output.with_extension("html.tmp");
     std::fs::write(&tmp, &report.html).with_context(|| format!("cannot write {}", tmp.display()))?;
@@ -30,5 +30,5 @@ pub fn run(args: ReportArgs) -> Result<ExitCode> {
         eprintln!("{line}");
     }
     eprintln!("report: {} ({} KiB)", args.output.display(), report.html.len().div_ceil(1024));
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Ok)
 }

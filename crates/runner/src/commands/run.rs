@@ -1,7 +1,7 @@
 //! `fraglab run CONFIG`: parse, resolve, run the pipeline, print the summary, exit for bisect.
 
 use std::path::Path;
-use std::process::ExitCode;
+use crate::exit::Exit;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -13,28 +13,24 @@ use crate::pipeline;
 use crate::resolve::Machine;
 use crate::runplan;
 
-/// Exit status of a run that could not start or broke part-way: above 127 so `git bisect run`
-/// aborts instead of counting it as a bad commit.
-pub const EXIT_ERROR: u8 = 255;
-
-pub fn run(args: RunArgs, run_dir: &Path) -> Result<ExitCode> {
+pub fn run(args: RunArgs, run_dir: &Path) -> Result<Exit> {
     match run_inner(&args, run_dir) {
         Ok(code) => Ok(code),
         Err(e) => {
             eprintln!("fraglab: {e:#}");
-            Ok(ExitCode::from(EXIT_ERROR))
+            Ok(Exit::Error)
         }
     }
 }
 
-fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<ExitCode> {
+fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<Exit> {
     // Without root there are no PFNs in pagemap, no mlock budget, no sysctls, no tracefs: the run
     // cannot test anything, which bisect must count as "skip", not as an error.
     if !nix::unistd::geteuid().is_root() && !args.dry_run {
         eprintln!(
             "fraglab: fraglab run needs root (pagemap PFNs, mlock, sysctls, tracefs); could not test: run it with sudo"
         );
-        return Ok(ExitCode::from(crate::EXIT_UNSUPPORTED));
+        return Ok(Exit::CouldNotTest);
     }
     // Parse, then resolve: a bad config is refused here, before any memory or sysctl is touched.
     let src = Source::read(&args.config)?;
@@ -55,11 +51,11 @@ fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<ExitCode> {
             println!(
                 "could not test here: {why}; a real run stops with exit {} (could-not-test) before \
                  taking any memory or changing any sysctl",
-                crate::EXIT_UNSUPPORTED
+                Exit::CouldNotTest.code()
             );
         }
         println!("dry run: nothing taken, nothing changed");
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Ok);
     }
     let stop = Arc::new(AtomicBool::new(false));
     // SIGHUP too: closing the terminal must end the run cleanly, not leave sysctls changed.
@@ -69,7 +65,7 @@ fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<ExitCode> {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
     let (verdict, results) = pipeline::run(&plan, run_dir, stop)?;
-    print!("{}", crate::summary::render(&results.dir)?);
+    print!("{}", fraglab_report::summary::render(&results.dir)?);
     eprintln!("results: {}", results.dir.display());
-    Ok(ExitCode::from(verdict.exit_code()))
+    Ok(Exit::from(verdict))
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::PathBuf;
-use std::process::ExitCode;
+use crate::exit::Exit;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -92,7 +92,7 @@ impl Profile {
     }
 }
 
-pub fn run(args: ScanArgs) -> Result<ExitCode> {
+pub fn run(args: ScanArgs) -> Result<Exit> {
     let (name, bytes) = if args.log.as_os_str() == "-" {
         let mut b = Vec::new();
         std::io::stdin().read_to_end(&mut b).context("cannot read stdin")?;
@@ -112,7 +112,7 @@ pub fn run(args: ScanArgs) -> Result<ExitCode> {
     } else {
         print!("{}", human(&report));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Ok)
 }
 
 /// Scan `text` (from `name`) and group what was found.

@@ -1,6 +1,6 @@
 //! `fraglab workload KIND`: run one workload, print its result.
 
-use std::process::ExitCode;
+use crate::exit::Exit;
 use std::sync::atomic::AtomicBool;
 
 use anyhow::Result;
@@ -10,13 +10,10 @@ use crate::units::format_size;
 use crate::workload::result::WorkloadResult;
 use crate::workload::{exec, sctp, tcp, trigger, Kind};
 
-/// Exit status of a workload whose operations failed (the result says which errno, how often).
-pub const EXIT_FAILED: u8 = 1;
-
 /// `fraglab workload KIND`: exit 0 when every operation succeeded, 1 when any failed, 125 when this
 /// kernel cannot run the kind, 255 when it could not run at all (bad option, setup failure) — so a
 /// script can loop on it as on `run`, whose statuses these mirror.
-pub fn run(args: WorkloadArgs) -> Result<ExitCode> {
+pub fn run(args: WorkloadArgs) -> Result<Exit> {
     // Standalone, a signal keeps its own meaning: the default (fraglab dies at once) for the socket
     // workloads, forwarded then re-raised for exec, deferred until the sysctls are back for triggers.
     // Nothing raises this flag.
@@ -24,11 +21,11 @@ pub fn run(args: WorkloadArgs) -> Result<ExitCode> {
         Ok(r) => r,
         Err(e) if e.downcast_ref::<crate::workload::Unsupported>().is_some() => {
             eprintln!("fraglab: {e:#}");
-            return Ok(ExitCode::from(crate::EXIT_UNSUPPORTED));
+            return Ok(Exit::CouldNotTest);
         }
         Err(e) => {
             eprintln!("fraglab: {e:#}");
-            return Ok(ExitCode::from(crate::commands::run::EXIT_ERROR));
+            return Ok(Exit::Error);
         }
     };
     if args.json {
@@ -36,7 +33,7 @@ pub fn run(args: WorkloadArgs) -> Result<ExitCode> {
     } else {
         print!("{}", summary(&result));
     }
-    Ok(if result.failed > 0 { ExitCode::from(EXIT_FAILED) } else { ExitCode::SUCCESS })
+    Ok(if result.failed > 0 { Exit::Failed } else { Exit::Ok })
 }
 
 /// Run one workload of any kind: what `fraglab run` calls for each `[[workload]]`.

@@ -80,7 +80,7 @@ impl Verdict {
         match self {
             Verdict::Exited(c) => (*c & 0xff) as u8,
             Verdict::Signaled(s) => (128 + *s).clamp(0, 255) as u8,
-            Verdict::InitFailed(_) | Verdict::TimedOut(_) => crate::EXIT_UNSUPPORTED,
+            Verdict::InitFailed(_) | Verdict::TimedOut(_) => crate::exit::Exit::CouldNotTest.code(),
         }
     }
 }

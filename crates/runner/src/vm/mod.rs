@@ -16,14 +16,13 @@ pub mod modules;
 pub mod qemu;
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use crate::exit::Exit;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 
 use crate::units::{format_size, parse_duration, parse_size};
-use crate::EXIT_UNSUPPORTED;
 use qemu::{Accel, Boot, Outcome};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -106,7 +105,7 @@ pub struct VmArgs {
 }
 
 /// `fraglab vm`. Its own failures exit 125 so they cannot be mistaken for the guest command's.
-pub fn run(args: VmArgs) -> Result<ExitCode> {
+pub fn run(args: VmArgs) -> Result<Exit> {
     if args.guest_init {
         init::run();
     }
@@ -114,7 +113,7 @@ pub fn run(args: VmArgs) -> Result<ExitCode> {
         Ok(code) => Ok(code),
         Err(e) => {
             eprintln!("fraglab vm: {e:#}");
-            Ok(ExitCode::from(EXIT_UNSUPPORTED))
+            Ok(Exit::CouldNotTest)
         }
     }
 }
@@ -268,14 +267,14 @@ fn guest_path(host: &Path) -> String {
     out.to_string_lossy().into_owned()
 }
 
-fn host(args: VmArgs) -> Result<ExitCode> {
+fn host(args: VmArgs) -> Result<Exit> {
     let plan = check(&args)?;
     let cache = kernel::cache_dir();
     let kernel_arg = args.kernel.as_deref().context("--kernel is required")?;
     let k = kernel::resolve(kernel_arg, args.modules.as_deref(), &cache, args.verbose)?;
 
     let work = workdir()?;
-    let result = (|| -> Result<ExitCode> {
+    let result = (|| -> Result<Exit> {
         let initrd = work.join("initramfs.cpio");
         let fs = build_initramfs(&args, &plan, &k)?;
         fs.write_file(&initrd)?;
@@ -440,7 +439,7 @@ fn boot_and_report(
     initrd: &Path,
     work: &Path,
     cache: &Path,
-) -> Result<ExitCode> {
+) -> Result<Exit> {
     let memo = qemu::accel_memo(cache);
     let mut accel = match args.accel {
         AccelArg::Kvm => Accel::Kvm,
@@ -504,7 +503,7 @@ fn boot_and_report(
 /// Left in the work directory when a message cites its console.log, which is then kept.
 const CONSOLE_CITED: &str = "console-cited";
 
-fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<ExitCode> {
+fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<Exit> {
     let tail = |lines: &[String]| {
         if lines.is_empty() {
             eprintln!("  | (nothing yet)");
@@ -576,7 +575,7 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
                     }
                 }
             }
-            Ok(ExitCode::from(verdict.exit_code()))
+            Ok(Exit::Guest(verdict.exit_code()))
         }
         Outcome::NoVerdict { qemu_status, qemu_stderr, console_tail, panic } => {
             eprintln!(
@@ -591,7 +590,7 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
                 eprintln!("fraglab vm: qemu said: {}", qemu_stderr.trim());
             }
             cite();
-            Ok(ExitCode::from(EXIT_UNSUPPORTED))
+            Ok(Exit::CouldNotTest)
         }
         Outcome::TimedOut { console_tail, init_started } => {
             eprintln!(
@@ -601,12 +600,12 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
             );
             tail(&console_tail);
             cite();
-            Ok(ExitCode::from(EXIT_UNSUPPORTED))
+            Ok(Exit::CouldNotTest)
         }
         Outcome::NoHello { console_tail } => {
             eprintln!("fraglab vm: the guest never reached init under KVM. Last console lines:");
             tail(&console_tail);
-            Ok(ExitCode::from(EXIT_UNSUPPORTED))
+            Ok(Exit::CouldNotTest)
         }
     }
 }
