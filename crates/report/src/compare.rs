@@ -296,7 +296,12 @@ fn context(runs: &[RunData]) -> (Vec<String>, Vec<String>) {
     let base = &runs[0];
     for r in runs {
         if r.record().status != RunStatus::Complete {
-            warnings.push(format!("{} is {}, not complete: {}", r.named(), r.record().status, r.record().reason));
+            warnings.push(format!(
+                "{} is {}, not complete: {}",
+                r.named(),
+                r.record().status,
+                r.record().reason
+            ));
         }
         if r.plan_from_text {
             notes.push(format!(

@@ -68,7 +68,8 @@ impl RunData {
 
 /// Read a results directory.
 pub fn load(dir: &Path) -> Result<RunData> {
-    let Run { dir: _, record: info, workloads, samples, failures, baseline, final_, mut notes } = Run::load(dir)?;
+    let Run { dir: _, record: info, workloads, samples, failures, baseline, final_, mut notes } =
+        Run::load(dir)?;
     let samples: Vec<_> = samples.into_iter().map(|s| s.sample).collect();
     if samples.is_empty() {
         notes.push(format!(

@@ -12,8 +12,8 @@ pub mod compare;
 pub mod data;
 pub mod heatmap;
 pub mod leak;
-pub mod svg;
 pub mod summary;
+pub mod svg;
 pub mod sweep;
 
 use std::collections::BTreeMap;
@@ -967,8 +967,8 @@ fn leak_section(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String 
 mod tests {
     use super::*;
 
-    use fraglab_results::workload::{ErrnoCount, WorkloadResult};
     use fraglab_probe::tracefs::AllocFailure;
+    use fraglab_results::workload::{ErrnoCount, WorkloadResult};
 
     fn failure(time: f64, order: u32, comm: &str) -> AllocFailure {
         AllocFailure {

@@ -97,8 +97,9 @@ pub fn render_run(run: &Run) -> String {
     let mut table: BTreeMap<(Point, String), Row> = BTreeMap::new();
     for w in &run.workloads {
         let (value, unit) = metric(&w.result);
-        let entry =
-            table.entry((w.point.clone(), w.result.kind.clone())).or_insert_with(|| (Vec::new(), unit, BTreeMap::new()));
+        let entry = table
+            .entry((w.point.clone(), w.result.kind.clone()))
+            .or_insert_with(|| (Vec::new(), unit, BTreeMap::new()));
         entry.0.push(value);
         for e in &w.result.errors {
             *entry.2.entry(e.errno.clone()).or_default() += e.count;
@@ -163,11 +164,13 @@ mod tests {
         let d = std::env::temp_dir().join(format!("fraglab-summary-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
-        let mut run: serde_json::Value =
-            serde_json::from_str(include_str!("../../runner/tests/captures/pipe-highorder-6.1-fragmented/run.json"))
-                .unwrap();
+        let mut run: serde_json::Value = serde_json::from_str(include_str!(
+            "../../runner/tests/captures/pipe-highorder-6.1-fragmented/run.json"
+        ))
+        .unwrap();
         run["name"] = "sctp-lo-mtu64k".into();
-        run["fragment"]["target"] = serde_json::json!({"free_bytes":503316480,"kind":"max_free_order","order":4});
+        run["fragment"]["target"] =
+            serde_json::json!({"free_bytes":503316480,"kind":"max_free_order","order":4});
         std::fs::write(d.join("run.json"), run.to_string()).unwrap();
         std::fs::write(
             d.join("alloc_failures.jsonl"),

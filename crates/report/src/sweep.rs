@@ -53,8 +53,12 @@ impl XAxis {
         match self {
             XAxis::Numeric { key } => {
                 let x = number(point.get(key)?)?;
-                let rest: Vec<String> =
-                    point.without(key).axes.iter().map(|(k, v)| format!("{}={}", short_key(k), plain(v))).collect();
+                let rest: Vec<String> = point
+                    .without(key)
+                    .axes
+                    .iter()
+                    .map(|(k, v)| format!("{}={}", short_key(k), plain(v)))
+                    .collect();
                 Some((x, rest.join(" ")))
             }
             XAxis::Categorical { labels } => {
@@ -232,7 +236,8 @@ pub fn latency(sides: &[&RunData], letters: &[String], kind: &str) -> Option<Plo
     let mut all = Vec::new();
     let mut x_axis = None;
     for (label, field) in PERCENTILES {
-        let (x, series) = collect(sides, letters, kind, &|w| w.result.latency_us.as_ref().map(|l| field(l) as f64));
+        let (x, series) =
+            collect(sides, letters, kind, &|w| w.result.latency_us.as_ref().map(|l| field(l) as f64));
         x_axis.get_or_insert(x);
         all.extend(series.into_iter().map(|mut s| {
             s.name = format!("{} {label}", s.name);

@@ -7,7 +7,6 @@ use fraglab_probe::snapshot::Snapshot;
 use fraglab_probe::tracefs::AllocFailure;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::Value;
 
 use crate::dir::require_results_dir;
 use crate::record::{RunRecord, Window, WorkloadRecord, WorkloadsFile};
@@ -39,12 +38,16 @@ impl Run {
     pub fn load(dir: &Path) -> Result<Run> {
         require_results_dir(dir)?;
         let path = dir.join("run.json");
-        let record = parse_run(&std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?, &path)?;
+        let record = parse_run(
+            &std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?,
+            &path,
+        )?;
         let mut notes = Vec::new();
         let path = dir.join("workloads.json");
         let workloads = if path.exists() { read_workloads(&path)? } else { Vec::new() };
         let samples: Vec<SampleLine> = read_lines(&dir.join("probe.jsonl"), &mut notes)?;
-        let failures: Vec<Versioned<AllocFailure>> = read_lines(&dir.join("alloc_failures.jsonl"), &mut notes)?;
+        let failures: Vec<Versioned<AllocFailure>> =
+            read_lines(&dir.join("alloc_failures.jsonl"), &mut notes)?;
         let mut failures: Vec<AllocFailure> = failures.into_iter().map(|f| f.body).collect();
         fraglab_probe::tracefs::fill_unknown_comms(&mut failures);
         let mut snapshot = |file: &str| -> Option<Snapshot> {
@@ -70,15 +73,19 @@ impl Run {
     }
 }
 
+/// What every file says of itself. Read apart from the body, which is parsed straight from the
+/// text: through `serde_json::Value` a sweep point's axes would come back sorted, not in sweep order.
+#[derive(Deserialize)]
+struct Head {
+    schema: Option<u64>,
+    fraglab_version: Option<String>,
+}
+
 /// The schema a document says it is in; refuse one newer than this fraglab reads.
-fn check_schema(value: &Value, path: &Path) -> Result<u32> {
-    let schema = match value.get("schema") {
-        None => 1,
-        Some(v) => v
-            .as_u64()
-            .with_context(|| format!("{}: `schema` is {v}, not a number: not a file fraglab wrote", path.display()))?
-            as u32,
-    };
+fn check_schema(text: &str, path: &Path) -> Result<(u32, Option<String>)> {
+    let head: Head = serde_json::from_str(text)
+        .with_context(|| format!("{} is not a JSON object: not a file fraglab run wrote", path.display()))?;
+    let schema = head.schema.unwrap_or(1) as u32;
     if schema > SCHEMA {
         bail!(
             "{}: written in results schema {schema}, by a newer fraglab; this one ({}) reads schemas 1 to {SCHEMA}: \
@@ -87,19 +94,18 @@ fn check_schema(value: &Value, path: &Path) -> Result<u32> {
             env!("CARGO_PKG_VERSION")
         );
     }
-    Ok(schema)
+    Ok((schema, head.fraglab_version))
 }
 
 /// run.json's text, of any schema this fraglab reads, as the current [`RunRecord`].
 pub fn parse_run(text: &[u8], path: &Path) -> Result<RunRecord> {
-    let value: Value = serde_json::from_slice(text)
-        .with_context(|| format!("{} is not JSON: not a run.json fraglab wrote", path.display()))?;
-    let schema = check_schema(&value, path)?;
-    let mut record = RunRecord::deserialize(&value).map_err(|e| {
+    let text = std::str::from_utf8(text).with_context(|| format!("{} is not UTF-8 text", path.display()))?;
+    let (schema, version) = check_schema(text, path)?;
+    let mut record: RunRecord = serde_json::from_str(text).map_err(|e| {
         anyhow::anyhow!(
             "{}: results schema {schema} (written by fraglab {}), but {e}: read it with the fraglab that wrote it",
             path.display(),
-            value.get("fraglab_version").and_then(Value::as_str).unwrap_or("of unknown version")
+            version.as_deref().unwrap_or("of unknown version")
         )
     })?;
     record.schema = schema;
@@ -113,13 +119,12 @@ pub fn parse_run(text: &[u8], path: &Path) -> Result<RunRecord> {
 
 /// workloads.json: an object with `schema` (2), or the bare list schema 1 wrote.
 fn read_workloads(path: &Path) -> Result<Vec<WorkloadRecord>> {
-    let value: Value = read_json(path)?;
-    let file = if value.is_array() {
-        WorkloadsFile { schema: 1, workloads: Vec::<WorkloadRecord>::deserialize(&value).map_err(|e| bad(path, 1, e))? }
-    } else {
-        let schema = check_schema(&value, path)?;
-        WorkloadsFile::deserialize(&value).map_err(|e| bad(path, schema, e))?
-    };
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if text.trim_start().starts_with('[') {
+        return serde_json::from_str(&text).map_err(|e| bad(path, 1, e));
+    }
+    let (schema, _) = check_schema(&text, path)?;
+    let file: WorkloadsFile = serde_json::from_str(&text).map_err(|e| bad(path, schema, e))?;
     Ok(file.workloads)
 }
 
@@ -129,10 +134,8 @@ fn bad(path: &Path, schema: u32, e: serde_json::Error) -> anyhow::Error {
 
 fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let value: Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON: not what fraglab run writes", path.display()))?;
-    let schema = check_schema(&value, path)?;
-    T::deserialize(&value).map_err(|e| bad(path, schema, e))
+    let (schema, _) = check_schema(&text, path)?;
+    serde_json::from_str(&text).map_err(|e| bad(path, schema, e))
 }
 
 /// JSON lines; a line that does not parse (a run killed mid-write) becomes a note, not an error. A
@@ -150,11 +153,8 @@ fn read_lines<T: DeserializeOwned>(path: &Path, notes: &mut Vec<String>) -> Resu
             continue;
         }
         let at = PathBuf::from(format!("{}:{}", path.display(), i + 1));
-        let parsed = serde_json::from_str::<Value>(line)
-            .map_err(|e| e.to_string())
-            .and_then(|v| Ok((check_schema(&v, &at).map_err(|e| format!("{e:#}"))?, v)));
-        match parsed {
-            Ok((schema, v)) => match T::deserialize(&v) {
+        match check_schema(line, &at).map_err(|e| format!("{e:#}")) {
+            Ok((schema, _)) => match serde_json::from_str::<T>(line) {
                 Ok(t) => out.push(t),
                 Err(e) => unreadable.push(format!("{}: results schema {schema}, but {e}", at.display())),
             },

@@ -185,9 +185,15 @@ mod tests {
     #[test]
     fn legacy_labels_come_back_with_multi_word_values_whole() {
         let p = Point::from_legacy_label("sysctl.net.ipv4.tcp_rmem=4096 131072 6291456 threads=2");
-        assert_eq!(p, point(&[("sysctl.net.ipv4.tcp_rmem", json!("4096 131072 6291456")), ("threads", json!(2))]));
+        assert_eq!(
+            p,
+            point(&[("sysctl.net.ipv4.tcp_rmem", json!("4096 131072 6291456")), ("threads", json!(2))])
+        );
         assert_eq!(Point::from_legacy_label("-"), Point::none());
-        assert_eq!(serde_json::from_str::<Point>(r#""msg=16KiB""#).unwrap(), point(&[("msg", json!("16KiB"))]));
+        assert_eq!(
+            serde_json::from_str::<Point>(r#""msg=16KiB""#).unwrap(),
+            point(&[("msg", json!("16KiB"))])
+        );
     }
 
     #[test]

@@ -317,10 +317,16 @@ mod tests {
             iteration: 2,
             index: 1,
         };
-        assert_eq!(w.phase_name(), "workload tcp-stream sysctl.net.ipv4.tcp_wmem=4096 16384 4194304 threads=4 #2 2");
+        assert_eq!(
+            w.phase_name(),
+            "workload tcp-stream sysctl.net.ipv4.tcp_wmem=4096 16384 4194304 threads=4 #2 2"
+        );
         assert_eq!(Window::from_legacy_phase(&w.phase_name()), Some(w));
         let plain = Window::from_legacy_phase("workload trigger - #1 1").unwrap();
-        assert_eq!((plain.kind.as_str(), plain.point, plain.iteration, plain.index), ("trigger", Point::none(), 1, 0));
+        assert_eq!(
+            (plain.kind.as_str(), plain.point, plain.iteration, plain.index),
+            ("trigger", Point::none(), 1, 0)
+        );
         assert_eq!(Window::from_legacy_phase("fragment: populating"), None);
     }
 }

@@ -60,9 +60,10 @@ mod tests {
 
     #[test]
     fn verdicts_exit_as_git_bisect_run_reads_them() {
-        let codes: Vec<u8> = [Verdict::NotReproduced, Verdict::Reproduced, Verdict::CouldNotTest, Verdict::Interrupted]
-            .map(|v| Exit::from(v).code())
-            .to_vec();
+        let codes: Vec<u8> =
+            [Verdict::NotReproduced, Verdict::Reproduced, Verdict::CouldNotTest, Verdict::Interrupted]
+                .map(|v| Exit::from(v).code())
+                .to_vec();
         assert_eq!(codes, [0, 1, 125, 130]);
         assert_eq!(Exit::Error.code(), 255);
         assert_eq!(Exit::Guest(3).code(), 3);

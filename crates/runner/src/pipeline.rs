@@ -171,7 +171,12 @@ fn pipeline(
                     interrupted = Some("interrupted by a signal".to_string());
                     break 'points;
                 }
-                phases.begin_window(Window { kind: w.kind_name.clone(), point: point.point.clone(), iteration, index });
+                phases.begin_window(Window {
+                    kind: w.kind_name.clone(),
+                    point: point.point.clone(),
+                    iteration,
+                    index,
+                });
                 if let Held::Fragmented(g) = &kernel {
                     // Start the window from a fresh look, so a loss found after it is not charged
                     // from a look before it began. A failed look here shows in the one after.
@@ -210,7 +215,10 @@ fn pipeline(
                     result,
                     target,
                 });
-                results.write_json("workloads.json", &WorkloadsFile { schema: SCHEMA, workloads: workloads.clone() })?;
+                results.write_json(
+                    "workloads.json",
+                    &WorkloadsFile { schema: SCHEMA, workloads: workloads.clone() },
+                )?;
             }
         }
     }
@@ -357,7 +365,13 @@ impl Phases {
     fn end(&mut self) {
         if let Some((name, workload, start_ns)) = self.current.take() {
             let end_ns = monotonic_ns();
-            self.done.push(Phase { name, start_ns, end_ns, secs: (end_ns - start_ns) as f64 / 1e9, workload });
+            self.done.push(Phase {
+                name,
+                start_ns,
+                end_ns,
+                secs: (end_ns - start_ns) as f64 / 1e9,
+                workload,
+            });
         }
     }
 

@@ -221,7 +221,8 @@ fn plan_record(
         .map(|(kind, options)| {
             // Every option with its default filled in, so one written out and one left to its
             // default compare equal; a kind this fraglab does not know keeps its options as written.
-            let resolved = kind_from_options(kind, options).map(|k| kind_options(&k)).unwrap_or(options.clone());
+            let resolved =
+                kind_from_options(kind, options).map(|k| kind_options(&k)).unwrap_or(options.clone());
             WorkloadSpec { kind: kind.clone(), options: resolved.as_object().cloned().unwrap_or_default() }
         })
         .collect();
@@ -233,7 +234,10 @@ fn plan_record(
     PlanRecord {
         iterations: cfg.run.iterations,
         workloads,
-        sweep: axes.iter().map(|(axis, values)| SweepAxis { axis: axis.clone(), values: values.clone() }).collect(),
+        sweep: axes
+            .iter()
+            .map(|(axis, values)| SweepAxis { axis: axis.clone(), values: values.clone() })
+            .collect(),
         points: cross(axes).into_iter().map(|axes| Point { axes }).collect(),
         fragment,
         fragmenter: None,
@@ -270,7 +274,10 @@ pub fn legacy_plan(record: &RunRecord) -> Result<PlanRecord> {
         axes.push((key.clone(), values.iter().map(serde_json::to_value).collect::<Result<_, _>>()?));
     }
     for (name, values) in &cfg.sweep.sysctl {
-        axes.push((format!("sysctl.{name}"), values.iter().map(serde_json::to_value).collect::<Result<_, _>>()?));
+        axes.push((
+            format!("sysctl.{name}"),
+            values.iter().map(serde_json::to_value).collect::<Result<_, _>>()?,
+        ));
     }
     Ok(plan_record(&record.config, &cfg, &base, &axes))
 }

@@ -81,7 +81,8 @@ fn json(path: &Path) -> Value {
 
 /// The tcp-stream throughputs a run stored, in iteration order.
 fn throughputs(dir: &Path) -> Vec<f64> {
-    json(&dir.join("workloads.json"))
+    json(&dir.join("workloads.json"))["workloads"]
+        .clone()
         .as_array()
         .unwrap()
         .iter()
@@ -109,7 +110,7 @@ fn compares_two_real_quickstart_runs_in_text_markdown_and_json() {
     let find = |kind: &str, metric: &str| {
         metrics
             .iter()
-            .find(|m| m["kind"] == kind && m["metric"] == metric && m["point"] == "-")
+            .find(|m| m["kind"] == kind && m["metric"] == metric && m["point_label"] == "-")
             .unwrap_or_else(|| panic!("no {kind} {metric} in {metrics:?}"))
     };
     let t = find("tcp-stream", "throughput");
@@ -236,6 +237,13 @@ fn edit_config(run: &mut Value, from: &str, to: &str) {
     run["config"] = Value::String(text.replacen(from, to, 1));
 }
 
+/// Edit the stored plan, which is what compare judges (and the config text with it, as a run of
+/// the edited config would have stored both).
+fn edit_plan(run: &mut Value, from: &str, to: &str, plan: impl Fn(&mut Value)) {
+    edit_config(run, from, to);
+    plan(&mut run["plan"]);
+}
+
 #[test]
 fn refuses_runs_that_measure_different_things() {
     let (a, _) = two_runs();
@@ -260,8 +268,13 @@ fn refuses_runs_that_measure_different_things() {
             &["[[workload]] #2 (trigger) bytes: \"16MiB\" in A vs \"8MiB\" in B"],
         ),
     ];
-    for (name, from, to, wants) in cases {
-        let b = edited_copy(a, name, |r| edit_config(r, from, to));
+    let plans: [fn(&mut Value); 3] = [
+        |p| p["workloads"][0]["options"]["threads"] = 4.into(),
+        |p| p["sweep"] = serde_json::json!([{"axis": "threads", "values": [1, 2]}]),
+        |p| p["workloads"][1]["options"]["bytes"] = "8MiB".into(),
+    ];
+    for ((name, from, to, wants), plan) in cases.into_iter().zip(plans) {
+        let b = edited_copy(a, name, |r| edit_plan(r, from, to, plan));
         let (code, stdout, stderr) = compare(&[a_str, b.to_str().unwrap()]);
         assert_eq!(code, Some(255), "{name}: {stdout}{stderr}");
         assert!(stdout.is_empty(), "{name}: nothing on stdout when refused: {stdout}");
@@ -279,7 +292,11 @@ fn accepts_what_may_differ_and_says_what_is_compared() {
     let (a, _) = two_runs();
     let a_str = a.to_str().unwrap();
     // [fragment] differs, same kernel: a comparison of memory states, no same-kernel warning.
-    let b = edited_copy(a, "fragment", |r| edit_config(r, "max_free_order = 4", "max_free_order = 6"));
+    let b = edited_copy(a, "fragment", |r| {
+        edit_plan(r, "max_free_order = 4", "max_free_order = 6", |p| {
+            p["fragment"]["max_free_order"] = 6.into()
+        })
+    });
     let (code, stdout, stderr) = compare(&[a_str, b.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(!stderr.contains("same kernel on both sides"), "{stderr}");
@@ -379,6 +396,14 @@ fn a_trigger_failing_on_one_side_only_is_not_compared_on_rate_and_latency() {
         format!("#1 trigger pipe-resize at point -: {why}: its rate and latency count failed calls");
     assert!(c["warnings"].to_string().contains(&warning), "{}", c["warnings"]);
     assert!(stderr.contains(&warning), "{stderr}");
+    // Both were written before the results schema (schema 1: config text, no stored plan): they
+    // still compare, and the reader is told how their plans were found.
+    for (label, dir) in [("A", base), ("B", frag)] {
+        let note = format!(
+            "{label} ({dir}) was recorded in results schema 1 (fraglab 0.1.0), which stored only its config text"
+        );
+        assert!(c["notes"].to_string().contains(&note), "{note} not in {}", c["notes"]);
+    }
     // The baseline run did not fragment; this one did: memory states, not the same-kernel warning.
     assert!(!c["warnings"].to_string().contains("same kernel"), "{}", c["warnings"]);
     assert!(
@@ -401,4 +426,21 @@ fn a_trigger_failing_on_one_side_only_is_not_compared_on_rate_and_latency() {
         ["  #1 trigger pipe-resize errors ENOMEM at point -: B - pct (worse, p=-, r=inf)"],
         "{text}"
     );
+}
+
+/// A results directory from a newer fraglab is refused by name, not misread.
+#[test]
+fn a_newer_schema_is_refused_naming_it() {
+    let (a, _) = two_runs();
+    let b = edited_copy(a, "newer", |r| r["schema"] = 99.into());
+    let (code, stdout, stderr) = compare(&[a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert_eq!(code, Some(255), "{stdout}{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}: written in results schema 99, by a newer fraglab",
+            b.join("run.json").display()
+        )) && stderr.contains("reads schemas 1 to 2"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&b);
 }

@@ -217,16 +217,15 @@ fn report_of_a_real_run_draws_every_zone_phase_counter_and_sweep_line() {
 
     // Throughput: a line per high_order_alloc_disable value, points at threads 1 and 2, each the
     // mean of the iterations recomputed here from workloads.json.
-    let workloads = json(&r.a.join("workloads.json"));
+    let workloads = json(&r.a.join("workloads.json"))["workloads"].clone();
     let mut expected: BTreeMap<(String, u64), Vec<f64>> = BTreeMap::new();
     for w in workloads.as_array().unwrap() {
         if w["result"]["kind"] != "tcp-stream" {
             continue;
         }
-        let point = w["point"].as_str().unwrap();
-        let threads: u64 =
-            point.split_whitespace().find_map(|kv| kv.strip_prefix("threads=")).unwrap().parse().unwrap();
-        let disable = point.rsplit('=').next().unwrap();
+        let point = &w["point"];
+        let threads = point["threads"].as_u64().unwrap();
+        let disable = point["sysctl.net.core.high_order_alloc_disable"].to_string();
         expected
             .entry((format!("tcp-stream high_order_alloc_disable={disable}"), threads))
             .or_default()
@@ -298,26 +297,26 @@ fn compare_draws_one_line_per_side_and_each_sides_timeline() {
     // B's exec printed ENOBUFS in every round: one marker per round at its workload's start plus
     // first_seen_s, recomputed here from run.json and workloads.json.
     let run = json(&r.b.join("run.json"));
-    let starts: BTreeMap<String, f64> = run["phases"]
+    // A workload's phase carries its window: (point, iteration, index).
+    let starts: Vec<(&Value, f64)> = run["phases"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (p["name"].as_str().unwrap().to_string(), p["start_ns"].as_f64().unwrap()))
+        .filter(|p| p.get("workload").is_some())
+        .map(|p| (&p["workload"], p["start_ns"].as_f64().unwrap()))
         .collect();
     let t0 = run["phases"][0]["start_ns"].as_f64().unwrap();
     // Every ENOBUFS of any workload (on a busy machine TCP may see real ones too); the exec's are
     // one per round.
     let (mut want_x, mut from_exec) = (Vec::new(), 0);
-    for w in json(&r.b.join("workloads.json")).as_array().unwrap() {
-        let suffix = format!(
-            " {} #{} {}",
-            w["point"].as_str().unwrap(),
-            w["iteration"],
-            w["index"].as_u64().unwrap() + 1
-        );
+    for w in json(&r.b.join("workloads.json"))["workloads"].clone().as_array().unwrap() {
         let start = starts
             .iter()
-            .find(|(name, _)| name.starts_with("workload ") && name.ends_with(&suffix))
+            .find(|(window, _)| {
+                window["point"] == w["point"]
+                    && window["iteration"] == w["iteration"]
+                    && window["index"] == w["index"]
+            })
             .unwrap()
             .1;
         for e in w["result"]["errors"].as_array().unwrap().iter().filter(|e| e["errno"] == "ENOBUFS") {
@@ -338,7 +337,8 @@ fn compare_draws_one_line_per_side_and_each_sides_timeline() {
     }
     // A's time line exists exactly when A's files hold a failure (its exec printed nothing, but the
     // catcher is machine-wide and this machine is shared).
-    let a_errnos: usize = json(&r.a.join("workloads.json"))
+    let a_errnos: usize = json(&r.a.join("workloads.json"))["workloads"]
+        .clone()
         .as_array()
         .unwrap()
         .iter()

@@ -227,7 +227,7 @@ fn quickstart_runs_end_to_end_and_leaves_the_kernel_as_it_was() {
     // Two iterations of two workloads, each with real traffic / real calls.
     let w: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(d.join("workloads.json")).unwrap()).unwrap();
-    let w = w.as_array().unwrap();
+    let w = w["workloads"].as_array().unwrap();
     assert_eq!(w.len(), 4, "{w:?}");
     for r in w {
         assert_eq!(r["target"]["held"], true, "{r}");
@@ -255,4 +255,98 @@ fn quickstart_runs_end_to_end_and_leaves_the_kernel_as_it_was() {
     for f in ["alloc_failures.jsonl", "kmsg.log", "baseline.json", "final.json"] {
         assert!(d.join(f).exists(), "{f} missing");
     }
+}
+
+/// A sweep over a sysctl whose value is several words (`net.ipv4.tcp_rmem`, tab-separated by the
+/// kernel) crossed with a workload option: four distinct points, each kept whole and apart in
+/// run.json's plan, workloads.json, the summary, compare and the report — none re-split on spaces.
+#[test]
+fn a_two_axis_sweep_over_a_multi_word_sysctl_keeps_every_point_apart() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem").unwrap();
+    let dir = scratch("multiword");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("multiword.toml");
+    let results = dir.join("results");
+    std::fs::write(
+        &config,
+        format!(
+            "[run]\nname = \"multiword\"\noutput = \"{}\"\n\n[probe]\ninterval = \"100ms\"\nkmsg = false\n\n\
+             [[workload]]\nkind = \"tcp-stream\"\nduration = \"150ms\"\n\n\
+             [sweep]\nthreads = [1, 2]\nsysctl.\"net.ipv4.tcp_rmem\" = [\"4096 131072 6291456\", \"4096 131072 4194304\"]\n",
+            results.display()
+        ),
+    )
+    .unwrap();
+    let out = fraglab(&dir, &["run", config.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem").unwrap(), before, "restored");
+    let run_dir = std::fs::read_dir(&results).unwrap().next().unwrap().unwrap().path();
+
+    let labels = [
+        "threads=1 sysctl.net.ipv4.tcp_rmem=4096 131072 6291456",
+        "threads=1 sysctl.net.ipv4.tcp_rmem=4096 131072 4194304",
+        "threads=2 sysctl.net.ipv4.tcp_rmem=4096 131072 6291456",
+        "threads=2 sysctl.net.ipv4.tcp_rmem=4096 131072 4194304",
+    ];
+    let json = |f: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join(f)).unwrap()).unwrap()
+    };
+    let run = json("run.json");
+    assert_eq!(run["schema"], 2);
+    let planned: Vec<&serde_json::Value> = run["plan"]["points"].as_array().unwrap().iter().collect();
+    assert_eq!(planned.len(), 4, "{:#}", run["plan"]);
+    assert_eq!(
+        planned[1],
+        &serde_json::json!({"threads": 1, "sysctl.net.ipv4.tcp_rmem": "4096 131072 4194304"})
+    );
+    let windows: Vec<&serde_json::Value> =
+        run["phases"].as_array().unwrap().iter().filter_map(|p| p.get("workload")).collect();
+    assert_eq!(windows.len(), 4);
+    assert_eq!(
+        windows[3]["point"],
+        serde_json::json!({"threads": 2, "sysctl.net.ipv4.tcp_rmem": "4096 131072 4194304"})
+    );
+    let workloads = json("workloads.json");
+    assert_eq!(workloads["schema"], 2);
+    let points: Vec<&serde_json::Value> =
+        workloads["workloads"].as_array().unwrap().iter().map(|w| &w["point"]).collect();
+    assert_eq!(points, planned, "each window recorded at its own point");
+    let sysctls = &workloads["workloads"][1]["sysctls"];
+    assert_eq!(sysctls, &serde_json::json!([["net.ipv4.tcp_rmem", "4096 131072 4194304"]]));
+
+    // The summary: one row per point, its label whole.
+    for l in labels {
+        assert_eq!(
+            stdout.lines().filter(|line| line.starts_with(&format!("{l} "))).count(),
+            1,
+            "{l}:\n{stdout}"
+        );
+    }
+    // compare against itself: every metric at four distinct points, labelled whole.
+    let out =
+        fraglab(&dir, &["compare", "--format", "json", run_dir.to_str().unwrap(), run_dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut seen: Vec<&str> = c["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["metric"] == "throughput")
+        .map(|m| m["point_label"].as_str().unwrap())
+        .collect();
+    seen.sort();
+    let mut want = labels.to_vec();
+    want.sort();
+    assert_eq!(seen, want);
+    // The report: throughput against threads, one line per tcp_rmem value.
+    let html = dir.join("report.html");
+    let out = fraglab(&dir, &["report", run_dir.to_str().unwrap(), "-o", html.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let html = std::fs::read_to_string(html).unwrap();
+    for series in ["tcp-stream tcp_rmem=4096 131072 6291456", "tcp-stream tcp_rmem=4096 131072 4194304"] {
+        assert!(html.contains(&format!("data-series=\"{series}\"")), "{series} not in the report");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

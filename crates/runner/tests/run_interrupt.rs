@@ -212,7 +212,7 @@ fn assert_interrupted(sc: &Scratch, run: &mut Running, before: &[(String, String
     }
 
     let w = read_json(&d.join("workloads.json"));
-    let w = w.as_array().unwrap();
+    let w = w["workloads"].as_array().unwrap();
     assert_eq!(w.len(), 1, "{w:#?}");
     let result = w[0]["result"].clone();
     assert_eq!(result["details"]["stopped_by_signal"], true, "{result:#}");

@@ -154,7 +154,7 @@ fn pipe_highorder_and_sctp_lo_mtu64k_reproduce_three_runs_in_a_row() {
             let keeping = &run["fragment"]["keeping"];
             assert_eq!(keeping["how"], "rebreak", "{keeping}");
             assert!(keeping["looks"].as_u64().unwrap() > 10, "{keeping}");
-            let workloads = json(&results.join("workloads.json"));
+            let workloads = json(&results.join("workloads.json"))["workloads"].clone();
             for w in workloads.as_array().unwrap() {
                 assert!(w["target"]["held"].is_boolean(), "every window is judged: {w}");
             }
@@ -193,7 +193,7 @@ fn pipe_highorder_and_sctp_lo_mtu64k_reproduce_three_runs_in_a_row() {
                     .as_array()
                     .unwrap()
                     .iter()
-                    .filter(|w| w["point"] == "msg=4KiB")
+                    .filter(|w| w["point"] == serde_json::json!({"msg": "4KiB"}))
                     .map(|w| w["result"]["ok"].as_u64().unwrap())
                     .sum();
                 assert!(served_4k > 0, "4 KiB messages were sent: {workloads}");
@@ -257,7 +257,7 @@ fn a_block_freed_mid_run_is_taken_back_or_the_run_cannot_say_not_reproduced() {
     assert!(huge > 0, "blocks of order 9 or 10 were re-broken: {k}");
     // 32 MiB freed; the keeper took back at least half of it (the kernel may use some first).
     assert!(k["added_bytes"].as_u64().unwrap() >= 16 << 20, "{k}");
-    let workloads = json(&keep.join("workloads.json"));
+    let workloads = json(&keep.join("workloads.json"))["workloads"].clone();
     let trigger = &workloads.as_array().unwrap()[1];
     assert_eq!(trigger["target"]["held"], true, "{trigger}");
     assert_eq!(trigger["result"]["failed"], 10, "every resize failed: {trigger}");
@@ -271,7 +271,7 @@ fn a_block_freed_mid_run_is_taken_back_or_the_run_cannot_say_not_reproduced() {
     assert!(reason.contains("order-9") || reason.contains("order-10"), "{reason}");
     assert!(reason.contains("free in DMA32"), "{reason}");
     assert_eq!(run["fragment"]["keeping"]["how"], "watch");
-    let workloads = json(&watch.join("workloads.json"));
+    let workloads = json(&watch.join("workloads.json"))["workloads"].clone();
     let trigger = &workloads.as_array().unwrap()[1];
     assert_eq!(trigger["target"]["held"], false, "{trigger}");
     assert!(trigger["result"]["ok"].as_u64().unwrap() > 0, "the resize found its block: {trigger}");
@@ -293,13 +293,18 @@ fn a_block_freed_mid_run_is_taken_back_or_the_run_cannot_say_not_reproduced() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A sweep point's label, `msg=32KiB`, as fraglab prints it.
+fn label(point: &serde_json::Value) -> String {
+    serde_json::from_value::<fraglab_results::point::Point>(point.clone()).unwrap().label()
+}
+
 /// ENOMEM counted in a workloads.json, at one sweep point or all.
 fn enomem(workloads: &serde_json::Value, point: Option<&str>) -> u64 {
     workloads
         .as_array()
         .unwrap()
         .iter()
-        .filter(|w| point.is_none_or(|p| w["point"] == p))
+        .filter(|w| point.is_none_or(|p| label(&w["point"]) == p))
         .flat_map(|w| w["result"]["errors"].as_array().unwrap())
         .filter(|e| e["errno"] == "ENOMEM")
         .map(|e| e["count"].as_u64().unwrap())
@@ -317,7 +322,7 @@ fn pipe_highorder_succeeds_in_an_unfragmented_guest() {
     let run = json(&results.join("run.json"));
     assert_eq!(run["verdict"], "not-reproduced", "{run}");
     assert!(run["fragment"].is_null(), "a baseline run fragments nothing: {run}");
-    let workloads = json(&results.join("workloads.json"));
+    let workloads = json(&results.join("workloads.json"))["workloads"].clone();
     for w in workloads.as_array().unwrap() {
         assert_eq!(w["result"]["failed"], 0, "{w}");
         assert!(w["result"]["ok"].as_u64().unwrap() > 0, "{w}");
@@ -335,7 +340,7 @@ fn sctp_65535_streams_native_and_the_seeds_sctp_test() {
     let (out, dir) = vm_run("sctp64k-seed", &bins, &[]);
     assert_eq!(out.status.code(), Some(0), "exit 0: a current kernel no longer fails");
     let results = results_dir(&dir, "sctp64k-seed");
-    let workloads = json(&results.join("workloads.json"));
+    let workloads = json(&results.join("workloads.json"))["workloads"].clone();
     let by_kind = |k: &str| -> Vec<&serde_json::Value> {
         workloads.as_array().unwrap().iter().map(|w| &w["result"]).filter(|r| r["kind"] == k).collect()
     };
@@ -591,7 +596,7 @@ fn an_exec_workload_inherits_no_fill_pipes_and_the_original_descriptor_limit() {
     let run = json(&results.join("run.json"));
     let fill = run["fragment"]["fill_bytes"].as_u64().unwrap();
     assert!(fill > 0, "the run filled pipes: {}", run["fragment"]);
-    let workloads = json(&results.join("workloads.json"));
+    let workloads = json(&results.join("workloads.json"))["workloads"].clone();
     let stdout = workloads[0]["result"]["details"]["stdout"].as_str().unwrap().to_string();
     eprintln!("{} MiB of fill pipes; the command saw:\n{stdout}", fill >> 20);
     let limit: u64 = stdout.lines().next().unwrap().trim().parse().unwrap();
@@ -809,7 +814,7 @@ fn sctp_serve_for_a_peer_and_sigint_stops_an_sctp_run() {
         "{run:#}"
     );
     assert!(run["fragment"].is_null(), "a baseline run: {run:#}");
-    let workloads = json(&found[0].join("workloads.json"));
+    let workloads = json(&found[0].join("workloads.json"))["workloads"].clone();
     let w = workloads.as_array().unwrap();
     assert_eq!(w.len(), 1, "{workloads:#}");
     let r = &w[0]["result"];

@@ -1,8 +1,8 @@
 //! `fraglab compare DIR_A DIR_B [more…]`: every run against the first (the baseline), as a text
 //! table like the mailing lists' ("good / good + series", pct in brackets), markdown or JSON.
 
-use std::path::PathBuf;
 use crate::exit::Exit;
+use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
@@ -564,10 +564,9 @@ mod tests {
     /// A run as schema 1 recorded it (config text, no plan: compare resolves it with
     /// [`legacy_plan`]), its fragmenter status from a real run.json with these numbers.
     fn fake(label: &str, config: &str, kernel: &str, workloads: Vec<Value>) -> RunData {
-        let mut record: Value = serde_json::from_str(include_str!(
-            "../../tests/captures/pipe-highorder-6.1-fragmented/run.json"
-        ))
-        .unwrap();
+        let mut record: Value =
+            serde_json::from_str(include_str!("../../tests/captures/pipe-highorder-6.1-fragmented/run.json"))
+                .unwrap();
         for (k, v) in [
             ("name", json!("t")),
             ("status", json!("complete")),
@@ -599,7 +598,8 @@ mod tests {
             notes: vec![],
         };
         let mut r = RunData::new(run, label, &crate::runplan::legacy_plan).unwrap();
-        r.compaction = Some(("baseline.json → final.json".into(), BTreeMap::from([("compact_stall".into(), 3)])));
+        r.compaction =
+            Some(("baseline.json → final.json".into(), BTreeMap::from([("compact_stall".into(), 3)])));
         r
     }
 

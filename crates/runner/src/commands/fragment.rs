@@ -22,9 +22,9 @@ use fraglab_fragmenter::{Plan, Status};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::{FragmentArgs, StatusArgs};
-use fraglab_fragmenter::describe;
 use crate::resolve::{self, FragmentSpec, Machine};
 use crate::units::{format_size, order_size};
+use fraglab_fragmenter::describe;
 
 /// The daemon child says this on stdout once it holds the target, followed by its status as JSON.
 const READY: &str = "FRAGLAB-HOLDING ";

@@ -1,8 +1,8 @@
 //! `fraglab probe`: one human or JSON snapshot, or a JSON-lines time series.
 
+use crate::exit::Exit;
 use std::collections::BTreeSet;
 use std::io::Write;
-use crate::exit::Exit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

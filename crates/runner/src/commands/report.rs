@@ -1,8 +1,8 @@
 //! `fraglab report RESULTS_DIR [--compare OTHER_DIR]… -o report.html`: one self-contained HTML file
 //! (inline SVG and CSS, no script, nothing loaded from the network) from `fraglab run` results.
 
-use std::path::PathBuf;
 use crate::exit::Exit;
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;

@@ -1,7 +1,7 @@
 //! `fraglab run CONFIG`: parse, resolve, run the pipeline, print the summary, exit for bisect.
 
-use std::path::Path;
 use crate::exit::Exit;
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 

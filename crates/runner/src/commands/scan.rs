@@ -3,10 +3,10 @@
 //! targets: failures by order, GFP mode, command and call site, OOM kills, and every Mem-Info
 //! free-area line and pasted `/proc/buddyinfo` line as a ready `fraglab fragment --profile` command.
 
+use crate::exit::Exit;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::PathBuf;
-use crate::exit::Exit;
 
 use anyhow::{Context, Result};
 use clap::Args;

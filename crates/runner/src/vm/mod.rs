@@ -15,8 +15,8 @@ pub mod kernel;
 pub mod modules;
 pub mod qemu;
 
-use std::path::{Path, PathBuf};
 use crate::exit::Exit;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
