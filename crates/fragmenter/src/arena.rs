@@ -216,3 +216,10 @@ fn madvise_each(iovecs: &[libc::iovec], advice: libc::c_int) -> Result<()> {
     }
     Ok(())
 }
+
+/// MemAvailable in bytes.
+pub fn mem_available() -> Result<u64> {
+    use procfs::Current;
+    let m = procfs::Meminfo::current().context("cannot read /proc/meminfo")?;
+    m.mem_available.context("/proc/meminfo has no MemAvailable (kernel older than 3.14)")
+}

@@ -171,11 +171,7 @@ pub struct Fragmenter {
     status: Status,
 }
 
-/// MemAvailable in bytes.
-pub fn mem_available() -> Result<u64> {
-    let m = procfs::Meminfo::current().context("cannot read /proc/meminfo")?;
-    m.mem_available.context("/proc/meminfo has no MemAvailable (kernel older than 3.14)")
-}
+pub use crate::arena::mem_available;
 
 /// The default reserve for this machine: never below a few times the kernel's own min watermark.
 pub fn default_reserve() -> Result<u64> {

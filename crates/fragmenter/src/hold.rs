@@ -3,14 +3,14 @@
 //! free block that forms is taken back within milliseconds, not when the workload ends.
 
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 
 use crate::fragment::Fragmenter;
-use crate::keeper::{Timeline, KEEP_EVERY};
+use crate::keeper::{lock, Timeline, KEEP_EVERY};
 
 /// How often the guard looks at MemAvailable; the same as `fraglab fragment`'s hold loop. The keeper
 /// looks more often ([`KEEP_EVERY`]), on the same thread.
@@ -161,7 +161,4 @@ impl Drop for Guarded {
     }
 }
 
-/// A panic elsewhere must not stop the guard or the release: the data under the lock stays valid.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+

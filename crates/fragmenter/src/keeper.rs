@@ -29,7 +29,7 @@
 //! the regions are reported, not chased.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -37,7 +37,6 @@ use fraglab_probe::buddyinfo::BuddyInfo;
 use serde::{Deserialize, Serialize};
 
 use crate::arena::PAGE_SIZE;
-use crate::hold::lock;
 use crate::sysctl::Journal;
 
 /// How often the keeper looks at buddyinfo while re-breaking (about 1 % of a core here).
@@ -71,11 +70,13 @@ pub const MIN_RING_ORDER: usize = 4;
 /// status request) for long; the rest wait for the next look, 10 ms on.
 const MAX_PER_LOOK: usize = 64;
 
-/// Descriptors the whole-machine pipe fill leaves the keeper (`pipefill`), one per block re-broken:
-/// more than any run measured needed (64). Past them the keeper takes more only while the descriptor
-/// limit leaves the rest of fraglab its margin, so under the common limit of 1024 the fill still
-/// gets most of them.
-pub const KEEPER_FDS: usize = 128;
+pub use crate::pipefill::KEEPER_FDS;
+
+/// A panic elsewhere must not stop the keeper, the guard or the release: the data under the lock
+/// stays valid. Shared with [`crate::hold`].
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Losses kept for the record; a longer hold merges the rest into the last one.
 const MAX_LOSSES: usize = 100_000;
@@ -423,7 +424,7 @@ impl Keeper {
                 wanted[o] += n;
             }
         }
-        let mut available = crate::fragment::mem_available()?;
+        let mut available = crate::arena::mem_available()?;
         let mut asked = 0;
         for o in (k..wanted.len()).rev() {
             for _ in 0..wanted[o] {

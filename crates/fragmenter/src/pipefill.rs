@@ -32,8 +32,15 @@ const MAX_PIPE_BYTES: usize = 16 << 20;
 /// files, a run's workloads).
 const REST_MARGIN: u64 = 256;
 
+/// Descriptors the whole-machine pipe fill leaves the keeper ([`crate::keeper`]), one per block
+/// re-broken: more than any run measured needed (64). Past them the keeper takes more only while the
+/// descriptor limit leaves the rest of fraglab its margin, so under the common limit of 1024 the fill
+/// still gets most of them.
+pub const KEEPER_FDS: usize = 128;
+
 /// Descriptors the fill leaves: the rest of fraglab's, and the keeper's one pipe a block re-broken.
-const FD_MARGIN: u64 = REST_MARGIN + crate::keeper::KEEPER_FDS as u64;
+
+const FD_MARGIN: u64 = REST_MARGIN + KEEPER_FDS as u64;
 
 /// Pipes kept full; dropping them frees their pages.
 pub struct PipeFill {
@@ -203,7 +210,7 @@ fn nofile_limit() -> u64 {
 }
 
 /// Whether one more descriptor leaves the rest of fraglab its margin (the keeper's, past
-/// [`crate::keeper::KEEPER_FDS`]).
+/// [`KEEPER_FDS`]).
 pub fn descriptors_to_spare() -> bool {
     open_fds() + REST_MARGIN < nofile_limit()
 }

@@ -6,40 +6,10 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::record::{RunRecord, RunStatus};
-
-/// Check `dir` is one run's results directory (it has run.json) before reading it; if not, say
-/// what it is instead: missing, or a parent of results directories (then name them, so the user
-/// can pick one).
-pub fn require_results_dir(dir: &Path) -> Result<()> {
-    if dir.join("run.json").exists() {
-        return Ok(());
-    }
-    if !dir.is_dir() {
-        bail!("{}: no such directory", dir.display());
-    }
-    let mut inside: Vec<String> = std::fs::read_dir(dir)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter(|e| e.path().join("run.json").exists())
-                .map(|e| e.path().display().to_string())
-                .collect()
-        })
-        .unwrap_or_default();
-    inside.sort();
-    if inside.is_empty() {
-        bail!("{} is not a fraglab results directory: it has no run.json", dir.display());
-    }
-    bail!(
-        "{} is not a fraglab results directory but holds {}; pass one of them:\n  {}",
-        dir.display(),
-        inside.len(),
-        inside.join("\n  ")
-    )
-}
 
 #[derive(Clone)]
 pub struct ResultsDir {

@@ -8,7 +8,6 @@ use fraglab_probe::tracefs::AllocFailure;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use crate::dir::require_results_dir;
 use crate::record::{RunRecord, Window, WorkloadRecord, WorkloadsFile};
 use crate::sample::SampleLine;
 use crate::{Versioned, SCHEMA};
@@ -71,6 +70,36 @@ impl Run {
     pub fn failed(&self) -> impl Iterator<Item = &AllocFailure> {
         self.failures.iter().filter(|f| f.failed)
     }
+}
+
+/// Check `dir` is one run's results directory (it has run.json) before reading it; if not, say
+/// what it is instead: missing, or a parent of results directories (then name them, so the user
+/// can pick one).
+pub fn require_results_dir(dir: &Path) -> Result<()> {
+    if dir.join("run.json").exists() {
+        return Ok(());
+    }
+    if !dir.is_dir() {
+        bail!("{}: no such directory", dir.display());
+    }
+    let mut inside: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.path().join("run.json").exists())
+                .map(|e| e.path().display().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    inside.sort();
+    if inside.is_empty() {
+        bail!("{} is not a fraglab results directory: it has no run.json", dir.display());
+    }
+    bail!(
+        "{} is not a fraglab results directory but holds {}; pass one of them:\n  {}",
+        dir.display(),
+        inside.len(),
+        inside.join("\n  ")
+    )
 }
 
 /// What every file says of itself. Read apart from the body, which is parsed straight from the
