@@ -160,5 +160,3 @@ impl Drop for Guarded {
         self.join();
     }
 }
-
-

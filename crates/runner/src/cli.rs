@@ -49,19 +49,19 @@ pub enum Command {
     /// (`--peer`).
     Serve(crate::workload::tcp::ServeCommand),
     /// Boot a kernel under test in qemu and run a fraglab command inside it.
-    Vm(crate::vm::VmArgs),
+    Vm(VmArgs),
     /// Read a saved dmesg / syslog / journal: allocation failures by order, mode, command and call
     /// site, OOM kills, and each Mem-Info free-area or buddyinfo line as a ready `fraglab fragment
     /// --profile` target.
-    Scan(crate::commands::scan::ScanArgs),
+    Scan(ScanArgs),
     /// One self-contained HTML report of a run (or several, A/B): buddyinfo heatmap with the phases,
     /// free/available memory, compaction counters, throughput and latency against the sweep,
     /// failures over time, slab caches that leak.
-    Report(crate::commands::report::ReportArgs),
+    Report(ReportArgs),
     /// Set runs side by side: every workload metric at every sweep point against the first run
     /// (mean, stddev, % change, Welch's t-test, mmtests' significance), target vs achieved
     /// fragmentation, failed allocations, compaction counters. Exit 0, or 255 on an error.
-    Compare(crate::commands::compare::CompareArgs),
+    Compare(CompareArgs),
 }
 
 #[derive(Debug, Args)]
@@ -164,6 +164,131 @@ pub struct FragmentArgs {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AccelArg {
+    /// KVM when /dev/kvm works and has booted a guest on this host before, else TCG.
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  fraglab vm --kernel debian-cloud -- run configs/pipe-highorder.toml   # results/ and exit status come back
+  fraglab vm --kernel debian-cloud -- probe --json
+  fraglab vm --kernel arch/x86/boot/bzImage --modules /tmp/mods -- workload sctp-connect --streams 65535
+  fraglab vm --kernel debian-cloud --script test.sh --results out/   # several commands, one boot
+
+The guest command runs in /results (also $FRAGLAB_RESULTS); what it writes there is copied to --results.
+Exit status: the guest command's own; 125 when the guest could not run it (no kernel, a panic, the timeout).")]
+pub struct VmArgs {
+    /// Kernel to boot: a bzImage (arch/x86/boot/bzImage, /boot/vmlinuz-*), or `debian-cloud` to
+    /// fetch Debian's current cloud kernel with apt into ~/.cache/fraglab/kernels.
+    #[arg(long, value_name = "PATH|debian-cloud", required_unless_present = "guest_init")]
+    pub kernel: Option<String>,
+    /// The kernel's modules: lib/modules/<release>, or the INSTALL_MOD_PATH of `make modules_install`.
+    #[arg(long, value_name = "DIR")]
+    pub modules: Option<PathBuf>,
+    /// Also load this module (with its dependencies); sctp is loaded whenever the kernel has it.
+    #[arg(long = "module", value_name = "NAME")]
+    pub module: Vec<String>,
+    /// Guest memory.
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    pub mem: String,
+    /// Guest CPUs (under TCG they take turns on one host thread).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub cpus: u32,
+    /// Kill the guest after this long (boot included) and exit 125.
+    #[arg(long, default_value = "300s", value_name = "DURATION")]
+    pub timeout: String,
+    /// Copy what the guest command writes under its working directory /results here (for `run`, by
+    /// default the current directory: its results/ lands where a run here would put it).
+    #[arg(long, value_name = "DIR")]
+    pub results: Option<PathBuf>,
+    /// A host program to carry into the guest with its shared libraries (e.g. /usr/bin/sctp_test).
+    #[arg(long = "extra-bin", value_name = "PATH")]
+    pub extra_bin: Vec<PathBuf>,
+    /// A host file to carry into the guest, as HOST[:GUEST]; a relative GUEST lands under /results.
+    /// The file a `run CONFIG` or `scan LOG` names is carried without it.
+    #[arg(long = "file", value_name = "HOST[:GUEST]")]
+    pub file: Vec<String>,
+    /// Run this shell script in the guest (the host's /bin/sh is carried along) instead of one
+    /// fraglab command; `fraglab` is on its PATH.
+    #[arg(long, value_name = "FILE", conflicts_with = "command")]
+    pub script: Option<PathBuf>,
+    /// More kernel command line (param=value words; a bare unknown word would reach init's argv).
+    #[arg(long, value_name = "ARGS")]
+    pub append: Option<String>,
+    /// Accelerator.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub accel: AccelArg,
+    /// The qemu binary.
+    #[arg(long, default_value = "qemu-system-x86_64", value_name = "PROGRAM")]
+    pub qemu: PathBuf,
+    /// The fraglab to run in the guest (default: this one if static, else a static build of its
+    /// source tree).
+    #[arg(long, value_name = "PATH")]
+    pub guest_fraglab: Option<PathBuf>,
+    /// Show the guest's console and init's steps on stderr.
+    #[arg(long, short)]
+    pub verbose: bool,
+    /// Keep the work directory (initramfs, console.log) and print where it is.
+    #[arg(long)]
+    pub keep: bool,
+    /// Internal: be the guest's PID 1.
+    #[arg(long, hide = true)]
+    pub guest_init: bool,
+    /// The fraglab command to run in the guest, after `--` (e.g. `-- probe --json`).
+    #[arg(last = true, value_name = "FRAGLAB ARGS")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A results directory written by `fraglab run` (the one holding run.json): side A.
+    #[arg(value_name = "RESULTS_DIR")]
+    pub results: PathBuf,
+    /// Another results directory to draw against it (side B; repeat for C, D, …).
+    #[arg(long, value_name = "OTHER_DIR")]
+    pub compare: Vec<PathBuf>,
+    /// Where to write the HTML file.
+    #[arg(long, short, value_name = "FILE", default_value = "report.html")]
+    pub output: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Text,
+    Markdown,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Results directories of `fraglab run` (`results/stock-…`); the first is the baseline every
+    /// other run is compared against.
+    #[arg(value_name = "DIR", required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+    /// Names for the runs in the tables, comma-separated, in the order of the directories
+    /// (default: A, B, C, …).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub labels: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    /// The saved log: `dmesg` output (with or without timestamps), /var/log/messages or kern.log,
+    /// `journalctl -k` (also `-o short-iso`, `-o export`, `-o json`); `-` reads stdin.
+    #[arg(value_name = "LOGFILE")]
+    pub log: PathBuf,
+    /// Print the findings as JSON.
     #[arg(long)]
     pub json: bool,
 }

@@ -6,6 +6,7 @@ pub mod commands;
 pub mod config;
 pub mod exit;
 pub mod pipeline;
+pub mod progress;
 pub mod resolve;
 pub mod runplan;
 pub mod vm;

@@ -108,7 +108,7 @@ fn pipeline(
             if let Some(note) = crate::runplan::whole_machine_note(plan, avail, crate::vm::init::in_guest()) {
                 eprint!("{note}");
             }
-            let mut bar = crate::commands::fragment::progress_bar();
+            let mut bar = crate::progress::progress_bar();
             let mut step = "";
             let mut progress = |p: Progress| {
                 if p.step() != step {

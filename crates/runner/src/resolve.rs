@@ -10,7 +10,7 @@ use fraglab_probe::buddyinfo::BuddyInfo;
 use serde::Deserialize;
 
 use crate::cli::{FragmentArgs, PinArg};
-use crate::units::{format_size, parse_size};
+use fraglab_units::{format_size, parse_size};
 
 /// The fragmenter's target as written by a user: the `fraglab fragment` flags or a config's
 /// `[fragment]` table. Strings are kept as typed so errors can quote them.

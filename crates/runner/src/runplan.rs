@@ -10,10 +10,10 @@ use fraglab_probe::snapshot::Monitor;
 
 use crate::config::{Config, Source};
 use crate::resolve::{self, Machine};
-use crate::units::parse_duration;
 use crate::workload::Kind;
 use fraglab_results::point::{plain, Point};
 use fraglab_results::record::{PlanRecord, RunRecord, SweepAxis, WorkloadSpec};
+use fraglab_units::parse_duration;
 
 /// Everything `fraglab run` will do, validated.
 #[derive(Debug)]

@@ -1,35 +1,12 @@
 //! `fraglab compare DIR_A DIR_B [more…]`: every run against the first (the baseline), as a text
 //! table like the mailing lists' ("good / good + series", pct in brackets), markdown or JSON.
 
-use crate::exit::Exit;
-use std::path::PathBuf;
-
 use anyhow::Result;
-use clap::{Args, ValueEnum};
 
 use fraglab_report::compare::{Better, Comparison, MetricRow, RunData, Side};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Format {
-    Text,
-    Markdown,
-    Json,
-}
-
-#[derive(Debug, Args)]
-pub struct CompareArgs {
-    /// Results directories of `fraglab run` (`results/stock-…`); the first is the baseline every
-    /// other run is compared against.
-    #[arg(value_name = "DIR", required = true)]
-    pub dirs: Vec<PathBuf>,
-    /// Output format.
-    #[arg(long, value_enum, default_value = "text")]
-    pub format: Format,
-    /// Names for the runs in the tables, comma-separated, in the order of the directories
-    /// (default: A, B, C, …).
-    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
-    pub labels: Vec<String>,
-}
+use crate::cli::{CompareArgs, Format};
+use crate::exit::Exit;
 
 /// Exit 0 with the comparison on stdout; 255 (with the reason on stderr) when the directories cannot
 /// be read or do not measure the same thing.
@@ -216,7 +193,7 @@ fn orders(c: &Comparison) -> usize {
 }
 
 fn size(b: Option<u64>) -> String {
-    b.map(crate::units::format_size).unwrap_or_else(|| "-".into())
+    b.map(fraglab_units::format_size).unwrap_or_else(|| "-".into())
 }
 
 fn fragment_summary(f: &fraglab_report::compare::FragmentSide) -> String {
@@ -226,7 +203,7 @@ fn fragment_summary(f: &fraglab_report::compare::FragmentSide) -> String {
     let mut s = format!(
         "{}; budget {}, held {}, freed {}",
         f.target_text,
-        f.budget.map(crate::units::format_size).unwrap_or_else(|| "whole machine".into()),
+        f.budget.map(fraglab_units::format_size).unwrap_or_else(|| "whole machine".into()),
         size(f.held_bytes),
         size(f.freed_bytes)
     );

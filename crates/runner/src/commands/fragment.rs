@@ -6,7 +6,6 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::exit::Exit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,12 +18,13 @@ use fraglab_fragmenter::instance::Instance;
 use fraglab_fragmenter::keeper::KEEP_EVERY;
 use fraglab_fragmenter::sysctl::Journal;
 use fraglab_fragmenter::{Plan, Status};
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::{FragmentArgs, StatusArgs};
 use crate::resolve::{self, FragmentSpec, Machine};
-use crate::units::{format_size, order_size};
 use fraglab_fragmenter::describe;
+use fraglab_units::{format_size, order_size};
+
+use crate::exit::Exit;
 
 /// The daemon child says this on stdout once it holds the target, followed by its status as JSON.
 const READY: &str = "FRAGLAB-HOLDING ";
@@ -119,7 +119,7 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
     // Shaping a whole machine takes a while: the socket is answered from the start, and a release
     // then stops it between two steps.
     let shaping = Shaping::serve(&listener, Arc::clone(&stop))?;
-    let mut bar = progress_bar();
+    let mut bar = crate::progress::progress_bar();
     let started = Fragmenter::start(plan, journal, &mut |p| shaping.progress(p, &mut bar), &stop);
     drop(bar);
     let released_early = shaping.finish();
@@ -193,44 +193,6 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
     drop(instance);
     eprintln!("released; restored {}", restored.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", "));
     Ok(Exit::Ok)
-}
-
-/// A progress bar for shaping, cleared when dropped.
-pub fn progress_bar() -> impl FnMut(Progress) {
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("{msg:12} [{bar:40}] {binary_bytes}/{binary_total_bytes} {elapsed}")
-            .expect("static template"),
-    );
-    let guard = ClearOnDrop(bar.clone());
-    move |p| {
-        let _keep = &guard;
-        match p {
-            Progress::Populating { done, total } => {
-                bar.set_length(total);
-                bar.set_position(done);
-                bar.set_message("populating");
-            }
-            Progress::Cutting => bar.set_message("cutting"),
-            Progress::Freeing { .. } => bar.set_message("freeing"),
-            Progress::Settling => bar.set_message("settling"),
-            Progress::Filling { bytes, leftover_pages } => {
-                bar.set_message(format!(
-                    "filling ({} left at order ≥ k)",
-                    format_size(leftover_pages * 4096)
-                ));
-                bar.set_position(bytes);
-            }
-        }
-    }
-}
-
-struct ClearOnDrop(ProgressBar);
-
-impl Drop for ClearOnDrop {
-    fn drop(&mut self) {
-        self.0.finish_and_clear();
-    }
 }
 
 /// Run this same command again in the background and wait until it holds (or fails).

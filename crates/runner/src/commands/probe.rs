@@ -1,6 +1,5 @@
 //! `fraglab probe`: one human or JSON snapshot, or a JSON-lines time series.
 
-use crate::exit::Exit;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +13,9 @@ use fraglab_probe::snapshot::{Monitor, Sampler, Snapshot};
 use fraglab_probe::zoneinfo::ZoneInfo;
 
 use crate::cli::ProbeArgs;
-use crate::units::{format_size, order_size, parse_duration};
+use fraglab_units::{format_size, order_size, parse_duration};
+
+use crate::exit::Exit;
 
 pub fn run(args: ProbeArgs) -> Result<Exit> {
     // Resolve before sampling: a bad interval or monitor name is refused before any file is opened.

@@ -1,6 +1,5 @@
 //! `fraglab run CONFIG`: parse, resolve, run the pipeline, print the summary, exit for bisect.
 
-use crate::exit::Exit;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -12,6 +11,8 @@ use crate::config::Source;
 use crate::pipeline;
 use crate::resolve::Machine;
 use crate::runplan;
+
+use crate::exit::Exit;
 
 pub fn run(args: RunArgs, run_dir: &Path) -> Result<Exit> {
     match run_inner(&args, run_dir) {

@@ -3,29 +3,18 @@
 //! targets: failures by order, GFP mode, command and call site, OOM kills, and every Mem-Info
 //! free-area line and pasted `/proc/buddyinfo` line as a ready `fraglab fragment --profile` command.
 
-use crate::exit::Exit;
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use clap::Args;
 use fraglab_probe::kmsg::{scan_log, Found, FreeArea, KmsgEvent};
 use fraglab_probe::stack::{group_by_caller, CallerGroup};
 use serde::Serialize;
 
-use crate::units::order_size;
+use fraglab_units::order_size;
 
-#[derive(Debug, Args)]
-pub struct ScanArgs {
-    /// The saved log: `dmesg` output (with or without timestamps), /var/log/messages or kern.log,
-    /// `journalctl -k` (also `-o short-iso`, `-o export`, `-o json`); `-` reads stdin.
-    #[arg(value_name = "LOGFILE")]
-    pub log: PathBuf,
-    /// Print the findings as JSON.
-    #[arg(long)]
-    pub json: bool,
-}
+use crate::cli::ScanArgs;
+use crate::exit::Exit;
 
 /// Everything `--json` prints.
 #[derive(Debug, Serialize)]

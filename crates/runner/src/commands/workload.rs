@@ -1,14 +1,15 @@
 //! `fraglab workload KIND`: run one workload, print its result.
 
-use crate::exit::Exit;
 use std::sync::atomic::AtomicBool;
 
 use anyhow::Result;
 
 use crate::cli::WorkloadArgs;
-use crate::units::format_size;
 use crate::workload::result::WorkloadResult;
 use crate::workload::{exec, sctp, tcp, trigger, Kind};
+use fraglab_units::format_size;
+
+use crate::exit::Exit;
 
 /// `fraglab workload KIND`: exit 0 when every operation succeeded, 1 when any failed, 125 when this
 /// kernel cannot run the kind, 255 when it could not run at all (bad option, setup failure) — so a

@@ -15,94 +15,16 @@ pub mod kernel;
 pub mod modules;
 pub mod qemu;
 
-use crate::exit::Exit;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::ValueEnum;
 
-use crate::units::{format_size, parse_duration, parse_size};
+use fraglab_units::{format_size, parse_duration, parse_size};
 use qemu::{Accel, Boot, Outcome};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum AccelArg {
-    /// KVM when /dev/kvm works and has booted a guest on this host before, else TCG.
-    Auto,
-    Kvm,
-    Tcg,
-}
-
-#[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:
-  fraglab vm --kernel debian-cloud -- run configs/pipe-highorder.toml   # results/ and exit status come back
-  fraglab vm --kernel debian-cloud -- probe --json
-  fraglab vm --kernel arch/x86/boot/bzImage --modules /tmp/mods -- workload sctp-connect --streams 65535
-  fraglab vm --kernel debian-cloud --script test.sh --results out/   # several commands, one boot
-
-The guest command runs in /results (also $FRAGLAB_RESULTS); what it writes there is copied to --results.
-Exit status: the guest command's own; 125 when the guest could not run it (no kernel, a panic, the timeout).")]
-pub struct VmArgs {
-    /// Kernel to boot: a bzImage (arch/x86/boot/bzImage, /boot/vmlinuz-*), or `debian-cloud` to
-    /// fetch Debian's current cloud kernel with apt into ~/.cache/fraglab/kernels.
-    #[arg(long, value_name = "PATH|debian-cloud", required_unless_present = "guest_init")]
-    pub kernel: Option<String>,
-    /// The kernel's modules: lib/modules/<release>, or the INSTALL_MOD_PATH of `make modules_install`.
-    #[arg(long, value_name = "DIR")]
-    pub modules: Option<PathBuf>,
-    /// Also load this module (with its dependencies); sctp is loaded whenever the kernel has it.
-    #[arg(long = "module", value_name = "NAME")]
-    pub module: Vec<String>,
-    /// Guest memory.
-    #[arg(long, default_value = "1G", value_name = "SIZE")]
-    pub mem: String,
-    /// Guest CPUs (under TCG they take turns on one host thread).
-    #[arg(long, default_value_t = 2, value_name = "N")]
-    pub cpus: u32,
-    /// Kill the guest after this long (boot included) and exit 125.
-    #[arg(long, default_value = "300s", value_name = "DURATION")]
-    pub timeout: String,
-    /// Copy what the guest command writes under its working directory /results here (for `run`, by
-    /// default the current directory: its results/ lands where a run here would put it).
-    #[arg(long, value_name = "DIR")]
-    pub results: Option<PathBuf>,
-    /// A host program to carry into the guest with its shared libraries (e.g. /usr/bin/sctp_test).
-    #[arg(long = "extra-bin", value_name = "PATH")]
-    pub extra_bin: Vec<PathBuf>,
-    /// A host file to carry into the guest, as HOST[:GUEST]; a relative GUEST lands under /results.
-    /// The file a `run CONFIG` or `scan LOG` names is carried without it.
-    #[arg(long = "file", value_name = "HOST[:GUEST]")]
-    pub file: Vec<String>,
-    /// Run this shell script in the guest (the host's /bin/sh is carried along) instead of one
-    /// fraglab command; `fraglab` is on its PATH.
-    #[arg(long, value_name = "FILE", conflicts_with = "command")]
-    pub script: Option<PathBuf>,
-    /// More kernel command line (param=value words; a bare unknown word would reach init's argv).
-    #[arg(long, value_name = "ARGS")]
-    pub append: Option<String>,
-    /// Accelerator.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub accel: AccelArg,
-    /// The qemu binary.
-    #[arg(long, default_value = "qemu-system-x86_64", value_name = "PROGRAM")]
-    pub qemu: PathBuf,
-    /// The fraglab to run in the guest (default: this one if static, else a static build of its
-    /// source tree).
-    #[arg(long, value_name = "PATH")]
-    pub guest_fraglab: Option<PathBuf>,
-    /// Show the guest's console and init's steps on stderr.
-    #[arg(long, short)]
-    pub verbose: bool,
-    /// Keep the work directory (initramfs, console.log) and print where it is.
-    #[arg(long)]
-    pub keep: bool,
-    /// Internal: be the guest's PID 1.
-    #[arg(long, hide = true)]
-    pub guest_init: bool,
-    /// The fraglab command to run in the guest, after `--` (e.g. `-- probe --json`).
-    #[arg(last = true, value_name = "FRAGLAB ARGS")]
-    pub command: Vec<String>,
-}
+use crate::cli::{AccelArg, VmArgs};
+use crate::exit::Exit;
 
 /// `fraglab vm`. Its own failures exit 125 so they cannot be mistaken for the guest command's.
 pub fn run(args: VmArgs) -> Result<Exit> {
