@@ -39,7 +39,6 @@ const REST_MARGIN: u64 = 256;
 pub const KEEPER_FDS: usize = 128;
 
 /// Descriptors the fill leaves: the rest of fraglab's, and the keeper's one pipe a block re-broken.
-
 const FD_MARGIN: u64 = REST_MARGIN + KEEPER_FDS as u64;
 
 /// Pipes kept full; dropping them frees their pages.
