@@ -62,6 +62,26 @@ pub enum Command {
     /// (mean, stddev, % change, Welch's t-test, mmtests' significance), target vs achieved
     /// fragmentation, failed allocations, compaction counters. Exit 0, or 255 on an error.
     Compare(CompareArgs),
+    /// Print shell completions (bash, zsh, fish, elvish, powershell), generated from these flags;
+    /// scripts/install puts them where shells look.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff), or with --dir write one per command (fraglab.1, fraglab-run.1, …),
+    /// generated from these flags; scripts/install puts them in share/man/man1.
+    Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write fraglab.1 and a page per command (fraglab-run.1, …) into this directory instead.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -30,7 +30,14 @@ pub fn main() -> ExitCode {
     // Commands that only read files and print die quietly when their reader goes away (`fraglab scan LOG |
     // head`), as cat does; Rust ignores SIGPIPE and would panic on the write instead. Not for the
     // ones that hold memory, change sysctls or use sockets: they must get EPIPE and clean up.
-    if matches!(cli.command, cli::Command::Probe(_) | cli::Command::Scan(_) | cli::Command::Compare(_)) {
+    if matches!(
+        cli.command,
+        cli::Command::Probe(_)
+            | cli::Command::Scan(_)
+            | cli::Command::Compare(_)
+            | cli::Command::Completions(_)
+            | cli::Command::Man(_)
+    ) {
         // SAFETY: restoring a signal's default disposition before any thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
@@ -54,6 +61,8 @@ pub fn main() -> ExitCode {
         cli::Command::Scan(args) => commands::scan::run(args),
         cli::Command::Report(args) => commands::report::run(args),
         cli::Command::Compare(args) => commands::compare::run(args),
+        cli::Command::Completions(args) => commands::generate::completions(args),
+        cli::Command::Man(args) => commands::generate::man(args),
     };
     match result {
         Ok(exit) => exit.into(),

@@ -42,4 +42,3 @@ impl Drop for ClearOnDrop {
         self.0.finish_and_clear();
     }
 }
-

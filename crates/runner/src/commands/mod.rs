@@ -2,6 +2,7 @@
 
 pub mod compare;
 pub mod fragment;
+pub mod generate;
 pub mod probe;
 pub mod report;
 pub mod run;
