@@ -1,5 +1,5 @@
 //! How every fraglab command ends: one exit status type, so `git bisect run`, CI jobs and scripts
-//! read every command alike (the table is in docs/usage.md, "Exit status").
+//! read every command alike (README.md says the table to users).
 
 use std::process::ExitCode;
 
@@ -10,8 +10,8 @@ use fraglab_results::record::Verdict;
 pub enum Exit {
     /// 0: done; `run`: not reproduced; `workload`: no operation failed.
     Ok,
-    /// 1: `run`: reproduced; `workload`: some operations failed; `status`: nothing holds; and any
-    /// command that stopped on an error it reports.
+    /// 1: `run`: reproduced; `workload`: some operations failed; `fragment`: stopped before the
+    /// target held; and any command that stopped on an error it reports.
     Failed,
     /// 125: could not test: the machine lacks something the command needs (a kernel feature, root,
     /// the target), so `git bisect run` skips this commit.
