@@ -41,7 +41,7 @@ pub fn main() -> ExitCode {
         cli::Command::Status(args) => commands::fragment::status(args, &cli.run_dir),
         cli::Command::Release => commands::fragment::release(&cli.run_dir),
         cli::Command::Workload(args) => commands::workload::run(args),
-        cli::Command::Serve(args) => crate::workload::tcp::serve(args),
+        cli::Command::Serve(args) => crate::workload::serve::serve(args),
         cli::Command::Vm(args) => crate::vm::run(args),
         cli::Command::Scan(args) => commands::scan::run(args),
         cli::Command::Report(args) => commands::report::run(args),

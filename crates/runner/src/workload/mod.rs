@@ -7,6 +7,7 @@ pub mod exec;
 mod opts;
 pub mod result;
 pub mod sctp;
+pub mod serve;
 mod signals;
 pub mod tcp;
 pub mod trigger;

@@ -1,10 +1,10 @@
 //! TCP workloads: `tcp-stream` (T connections each streaming messages, like super_netperf — seed
 //! 002), `tcp-rr` (C clients doing blocking request/response transactions — seed 004), `tcp-crr` (a
-//! new connection per transaction), and `fraglab serve`, their server side for a client on another
-//! host.
+//! new connection per transaction), and [`Server`], their server side.
 //!
 //! The server runs in-process on an ephemeral port of 127.0.0.1 unless `--peer HOST:PORT` names a
-//! `fraglab serve`. Both are the same code and speak the same protocol.
+//! `fraglab serve` ([`super::serve`]) on another host. Both are the same code and speak the same
+//! protocol.
 //!
 //! # Wire protocol
 //! Every connection opens with one header line of exactly [`HEADER_LEN`] bytes from the client,
@@ -30,7 +30,6 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -154,55 +153,6 @@ impl Default for RrArgs {
             rcvbuf: None,
             peer: None,
         }
-    }
-}
-
-/// `fraglab serve`: which protocol's server side, where, for how long, and SCTP's server options.
-#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
-pub struct ServeCommand {
-    /// tcp: the server side of tcp-stream, tcp-rr and tcp-crr; sctp: of sctp-connect, sctp-stream and
-    /// sctp-rr.
-    #[arg(long, value_enum, default_value_t = Proto::Tcp)]
-    pub proto: Proto,
-    #[command(flatten)]
-    pub common: ServeArgs,
-    #[command(flatten, next_help_heading = "With --proto sctp")]
-    pub sctp: super::sctp::ServeArgs,
-}
-
-/// The protocol `fraglab serve` serves.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Proto {
-    #[default]
-    Tcp,
-    Sctp,
-}
-
-/// The flags alone: `--proto tcp`.
-impl From<ServeArgs> for ServeCommand {
-    fn from(common: ServeArgs) -> ServeCommand {
-        ServeCommand { common, ..Default::default() }
-    }
-}
-
-/// `fraglab serve`'s flags for every protocol: where to listen and for how long.
-#[derive(Debug, Clone, PartialEq, clap::Args, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ServeArgs {
-    /// Address to listen on; port 0 picks a free port (the one chosen is printed).
-    #[arg(long, default_value = DEFAULT_LISTEN, value_name = "ADDR:PORT")]
-    pub listen: String,
-    /// Stop after this long (default: until SIGINT or SIGTERM).
-    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
-    pub duration: Option<String>,
-}
-
-/// netperf's netserver listens on 12865; fraglab one above.
-const DEFAULT_LISTEN: &str = "0.0.0.0:12866";
-
-impl Default for ServeArgs {
-    fn default() -> Self {
-        ServeArgs { listen: DEFAULT_LISTEN.into(), duration: None }
     }
 }
 
@@ -1089,22 +1039,30 @@ impl Shared {
     }
 }
 
-struct Server {
-    addr: SocketAddr,
+/// The TCP server side: reads a connection's header, then serves it as its kind asks. In-process for
+/// the workloads; `fraglab serve` runs it for a client on another host.
+pub(super) struct Server {
+    /// Where it listens (the port the kernel chose for port 0).
+    pub(super) addr: SocketAddr,
     shared: Arc<Shared>,
 }
 
-struct ServerReport {
-    conns: [u64; 3],
-    bytes: u64,
-    transactions: u64,
-    bad_headers: u64,
-    errors: Vec<ErrnoCount>,
-    lingering: usize,
+/// What the server side saw.
+pub(super) struct ServerReport {
+    /// Connections by kind: stream, rr, crr.
+    pub(super) conns: [u64; 3],
+    pub(super) bytes: u64,
+    pub(super) transactions: u64,
+    pub(super) bad_headers: u64,
+    pub(super) errors: Vec<ErrnoCount>,
+    /// Server threads still running when it stopped waiting for them.
+    pub(super) lingering: usize,
 }
 
 impl Server {
-    fn start(addr: SocketAddr, acceptors: usize) -> io::Result<Server> {
+    /// Listen on `addr` with `acceptors` threads waiting in accept() (more are started as they are
+    /// taken).
+    pub(super) fn start(addr: SocketAddr, acceptors: usize) -> io::Result<Server> {
         let listener = listen_on(addr)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -1139,7 +1097,7 @@ impl Server {
     }
 
     /// Stop accepting, give running connections up to 2 s to end, and report.
-    fn stop(self) -> ServerReport {
+    pub(super) fn stop(self) -> ServerReport {
         self.shared.stop.store(true, Relaxed);
         // shutdown(SHUT_RD) on a listener wakes every thread blocked in accept() (with EINVAL).
         let _ = SockRef::from(&self.shared.listener).shutdown(Shutdown::Read);
@@ -1283,109 +1241,10 @@ fn serve_rr(mut s: TcpStream, h: Header, sh: &Shared, scratch: &mut Vec<u8>) {
     sh.transactions.fetch_add(done, Relaxed);
 }
 
-/// `fraglab serve`: the server side for `--peer`, until SIGINT/SIGTERM or `--duration`. Every flag
-/// is checked first; then, for `--proto sctp` on a kernel without SCTP, it says so and exits 125.
-/// [`ServeArgs`] alone is `--proto tcp`.
-pub fn serve(a: impl Into<ServeCommand>) -> Result<ExitCode> {
-    let a = a.into();
-    let addr = opts::address(TCP, "--listen", &a.common.listen)?;
-    let duration = a.common.duration.as_deref().map(|d| opts::duration(TCP, "--duration", d)).transpose()?;
-    let sctp = match a.proto {
-        Proto::Sctp => Some(a.sctp.resolve()?),
-        Proto::Tcp => match a.sctp.first_given() {
-            Some(flag) => anyhow::bail!("{flag}: only with --proto sctp"),
-            None => None,
-        },
-    };
-    if sctp.is_some() {
-        if let Err(e) = super::sctp::check_kernel() {
-            if e.downcast_ref::<super::Unsupported>().is_some() {
-                eprintln!("fraglab: {e:#}");
-                return Ok(ExitCode::from(crate::EXIT_UNSUPPORTED));
-            }
-            return Err(e);
-        }
-    }
-    let term = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // A second signal while the server winds down ends fraglab at once (128 + the signal).
-        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&term))
-            .context("installing a signal handler")?;
-        signal_hook::flag::register(sig, Arc::clone(&term)).context("installing a signal handler")?;
-    }
-    let until = match duration {
-        Some(d) => format!("for {}", humantime::format_duration(d)),
-        None => "until SIGINT/SIGTERM".into(),
-    };
-    let wait = || {
-        let start = Instant::now();
-        while !term.load(Relaxed) && duration.is_none_or(|d| start.elapsed() < d) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        start
-    };
-    if let Some(o) = sctp {
-        return serve_sctp(addr, o, &until, wait);
-    }
-    let server = Server::start(addr, 4).with_context(|| format!("listening on {addr}"))?;
-    println!("fraglab serve: listening on {} (tcp-stream, tcp-rr, tcp-crr) {until}", server.addr);
-    io::stdout().flush()?;
-    let start = wait();
-    let rep = server.stop();
-    let [stream, rr, crr] = rep.conns;
-    println!(
-        "fraglab serve: {:.1} s, {} connections (stream {stream}, rr {rr}, crr {crr}), {} received, \
-         {} transactions, {} bad headers",
-        start.elapsed().as_secs_f64(),
-        stream + rr + crr,
-        format_size(rep.bytes),
-        rep.transactions,
-        rep.bad_headers
-    );
-    print_errors(&rep.errors);
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `fraglab serve --proto sctp`: [`super::sctp::Server`], the workloads' own server, on `addr`.
-fn serve_sctp(
-    addr: SocketAddr,
-    o: super::sctp::ServerOpts,
-    until: &str,
-    wait: impl FnOnce() -> Instant,
-) -> Result<ExitCode> {
-    let what = o.describe();
-    let server = super::sctp::Server::start(addr, o).with_context(|| format!("listening on SCTP {addr}"))?;
-    println!(
-        "fraglab serve: listening on {} (SCTP {what}: sctp-connect, sctp-stream, sctp-rr) {until}",
-        server.addr()
-    );
-    io::stdout().flush()?;
-    let start = wait();
-    // Open associations get up to 10 s to close; what is still open then is counted as unfinished.
-    let rep = server.stop();
-    println!(
-        "fraglab serve: {:.1} s, {} associations, {} messages ({}) received, {} replies, {} unfinished",
-        start.elapsed().as_secs_f64(),
-        rep.associations,
-        rep.messages,
-        format_size(rep.bytes),
-        rep.replies,
-        rep.unfinished
-    );
-    print_errors(&rep.errors);
-    Ok(ExitCode::SUCCESS)
-}
-
-fn print_errors(errors: &[ErrnoCount]) {
-    for e in errors {
-        println!("  error {} ({}) × {}, first at {:.3} s", e.errno, e.code, e.count, e.first_seen_s);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::{CommandFactory, Parser};
+    use clap::Parser;
 
     #[derive(Parser)]
     struct S {
@@ -1397,17 +1256,10 @@ mod tests {
         #[command(flatten)]
         a: RrArgs,
     }
-    #[derive(Parser)]
-    struct V {
-        #[command(flatten)]
-        a: ServeArgs,
-    }
-
     #[test]
     fn serde_defaults_equal_clap_defaults() {
         assert_eq!(S::parse_from(["x"]).a, StreamArgs::default());
         assert_eq!(R::parse_from(["x"]).a, RrArgs::default());
-        assert_eq!(V::parse_from(["x"]).a, ServeArgs::default());
         let s: StreamArgs = toml::from_str("threads = 8\nmsg = \"1452\"").unwrap();
         assert_eq!(s, StreamArgs { threads: 8, msg: "1452".into(), ..Default::default() });
         let s: StreamArgs = toml::from_str("msg = 65536\nsndbuf = 200000").unwrap();
@@ -1415,71 +1267,6 @@ mod tests {
         let r: RrArgs = toml::from_str("").unwrap();
         assert_eq!(r, RrArgs::default());
         assert!(toml::from_str::<RrArgs>("clients = 2\nthreads = 3").is_err(), "unknown field refused");
-    }
-
-    #[derive(Parser)]
-    struct C {
-        #[command(flatten)]
-        a: ServeCommand,
-    }
-
-    #[test]
-    fn serve_parses_both_protocols() {
-        use super::super::sctp::Style;
-        C::command().debug_assert();
-        assert_eq!(C::parse_from(["x"]).a, ServeCommand::from(ServeArgs::default()));
-        let a = C::parse_from([
-            "x",
-            "--proto",
-            "sctp",
-            "--listen",
-            "127.0.0.1:9",
-            "--streams",
-            "65535",
-            "--style",
-            "one-to-many",
-            "--rcvbuf",
-            "1MiB",
-        ])
-        .a;
-        assert_eq!(
-            (a.proto, a.common.listen.as_str(), a.common.duration),
-            (Proto::Sctp, "127.0.0.1:9", None)
-        );
-        assert_eq!((a.sctp.streams, a.sctp.style), (Some(65535), Some(Style::OneToMany)));
-        assert_eq!((a.sctp.sndbuf, a.sctp.rcvbuf.as_deref()), (None, Some("1MiB")));
-    }
-
-    /// Every flag is checked before the kernel is asked for SCTP; without SCTP (this host) serve says
-    /// so and exits 125, as the sctp workloads do.
-    #[test]
-    fn serve_checks_flags_then_the_kernel() {
-        fn err(args: &[&str]) -> String {
-            let a = C::try_parse_from([&["x"][..], args].concat()).unwrap().a;
-            serve(a).unwrap_err().to_string()
-        }
-        fn sctp<'a>(more: &[&'a str]) -> Vec<&'a str> {
-            [&["--proto", "sctp", "--listen", "127.0.0.1:0"][..], more].concat()
-        }
-        assert_eq!(err(&["--streams", "65535"]), "--streams: only with --proto sctp");
-        assert_eq!(err(&["--sndbuf", "64KiB"]), "--sndbuf: only with --proto sctp");
-        assert_eq!(
-            err(&sctp(&["--streams", "0"])),
-            "--streams 0: must be 1 to 65535 (SCTP stream numbers are 16-bit)"
-        );
-        assert_eq!(err(&sctp(&["--rcvbuf", "2GiB"])), "--rcvbuf 2GiB: a socket buffer is 1 byte to 1 GiB");
-        assert_eq!(
-            err(&sctp(&["--duration", "0s"])),
-            "--duration: \"0s\" is zero; give a positive duration like 10s"
-        );
-        assert_eq!(
-            err(&["--proto", "sctp", "--listen", "nohost"]),
-            "--listen: \"nohost\" is not HOST:PORT (invalid socket address)"
-        );
-        if !super::super::sctp::kernel_has_sctp() {
-            let a = C::try_parse_from([&["x"][..], &sctp(&["--duration", "1s"])].concat()).unwrap().a;
-            assert_eq!(serve(a).unwrap(), ExitCode::from(crate::EXIT_UNSUPPORTED));
-        }
     }
 
     #[test]
