@@ -76,9 +76,9 @@ pub(super) fn record_latency(h: &mut Histogram<u64>, d: Duration) {
 }
 
 /// `d` in microseconds, rounded to the nearest and never 0. Rounding, not truncating: loopback
-/// transactions take tens of µs and a sendmsg a few, so dropping the fraction lowers every
-/// percentile by half a µs on average — 2–10 % there, a bias that differed between TCP (rounded)
-/// and SCTP (truncated) and read as a difference between the protocols. Never 0: a completed
+/// transactions take tens of µs and a sendmsg a few, so dropping the fraction lowers every sample by
+/// half a µs on average — a few percent there, and a bias that differed between TCP (rounded) and
+/// SCTP (truncated), so it read as a difference between the protocols. Never 0: a completed
 /// operation took time, the histogram's lowest discernible value is 1 µs, and the report plots
 /// percentiles on a log axis; a sub-µs call overstated by less than 1 µs beats one that vanishes.
 fn micros(d: Duration) -> u64 {
@@ -87,7 +87,7 @@ fn micros(d: Duration) -> u64 {
 }
 
 /// `x` to one decimal, as per-worker rates are listed in `details`.
-pub(super) fn round1(x: f64) -> f64 {
+fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
