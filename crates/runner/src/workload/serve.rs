@@ -1,5 +1,5 @@
 //! `fraglab serve`: the server side of the socket workloads for a client on another host — the tcp
-//! kinds' ([`tcp::Server`]) by default, the sctp kinds' ([`sctp::Server`]) with `--proto sctp`. These
+//! kinds' (`tcp::Server`) by default, the sctp kinds' ([`sctp::Server`]) with `--proto sctp`. These
 //! are the servers the workloads start in-process when no `--peer` is given, so a remote client meets
 //! the same code; here one runs on its own until SIGINT/SIGTERM or `--duration`, then says what it
 //! served.

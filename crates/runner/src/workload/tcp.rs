@@ -1,6 +1,6 @@
 //! TCP workloads: `tcp-stream` (T connections each streaming messages, like super_netperf — seed
 //! 002), `tcp-rr` (C clients doing blocking request/response transactions — seed 004), `tcp-crr` (a
-//! new connection per transaction), and [`Server`], their server side.
+//! new connection per transaction), and `Server`, their server side.
 //!
 //! The server runs in-process on an ephemeral port of 127.0.0.1 unless `--peer HOST:PORT` names a
 //! `fraglab serve` ([`super::serve`]) on another host. Both are the same code and speak the same
@@ -22,8 +22,9 @@
 //!   client closes. A crr client closes after one transaction, with SO_LINGER 0 (an RST), so neither
 //!   end keeps a TIME_WAIT socket and a long run does not exhaust ephemeral ports.
 //!
-//! The workers run under [`super::net`]'s driver, as the SCTP ones do: each owns its socket, its one
-//! preallocated buffer and its tally, and everything is merged after they have been joined.
+//! The workers run under the driver in `workload/net.rs`, as the SCTP ones do: each owns its
+//! socket, its one preallocated buffer and its tally, and everything is merged after they have been
+//! joined.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
