@@ -47,7 +47,7 @@ pub enum Command {
     Workload(WorkloadArgs),
     /// Serve the TCP or SCTP (`--proto sctp`) workloads' server side for a client on another host
     /// (`--peer`).
-    Serve(crate::workload::tcp::ServeCommand),
+    Serve(crate::workload::serve::ServeCommand),
     /// Boot a kernel under test in qemu and run a fraglab command inside it.
     Vm(VmArgs),
     /// Read a saved dmesg / syslog / journal: allocation failures by order, mode, command and call

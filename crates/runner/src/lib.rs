@@ -50,7 +50,7 @@ pub fn main() -> ExitCode {
         cli::Command::Status(args) => commands::fragment::status(args, &cli.run_dir),
         cli::Command::Release => commands::fragment::release(&cli.run_dir),
         cli::Command::Workload(args) => commands::workload::run(args),
-        cli::Command::Serve(args) => crate::workload::tcp::serve(args).map(|code| {
+        cli::Command::Serve(args) => crate::workload::serve::serve(args).map(|code| {
             if code == ExitCode::from(EXIT_UNSUPPORTED) {
                 Exit::CouldNotTest
             } else {

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::result::{wall_now, Errors, Rusage, WorkloadResult};
-use super::trigger::DeferSignals;
+use super::signals::{signal_name, DeferSignals};
 use crate::units::{format_size, parse_duration, parse_size};
 
 /// Between SIGTERM and SIGKILL to the command's process group.
@@ -444,12 +444,6 @@ fn kill_group(pgid: libc::pid_t, sig: libc::c_int) {
     unsafe {
         libc::kill(-pgid, sig);
     }
-}
-
-/// `SIGINT`, or `signal N` for a number nix does not name.
-pub(crate) fn signal_name(sig: libc::c_int) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map_or_else(|_| format!("signal {sig}"), |s| s.as_str().to_string())
 }
 
 #[cfg(test)]

@@ -4,14 +4,14 @@
 //! prints it, `fraglab run` stores it.
 
 pub mod exec;
+mod net;
 mod opts;
 pub mod result;
 pub mod sctp;
+pub mod serve;
+mod signals;
 pub mod tcp;
 pub mod trigger;
-
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 use clap::Subcommand;
 
@@ -59,23 +59,5 @@ pub fn validate(kind: &Kind) -> anyhow::Result<()> {
         Kind::TcpStream(_) | Kind::TcpRr(_) | Kind::TcpCrr(_) => tcp::validate(kind),
         Kind::Trigger(t) => trigger::validate(t),
         Kind::Exec(a) => exec::validate(a),
-    }
-}
-
-/// How often a workload waiting out its duration looks at the run's stop flag.
-const STOP_POLL: Duration = Duration::from_millis(10);
-
-/// Sleep until `deadline`, or until `stop` — the run's stop flag, which SIGINT, SIGTERM and SIGHUP
-/// to `fraglab run` raise — is raised first. Returns whether `stop` cut the wait short.
-pub(crate) fn wait_or_stop(deadline: Instant, stop: &AtomicBool) -> bool {
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        if stop.load(Ordering::Relaxed) {
-            return true;
-        }
-        std::thread::sleep((deadline - now).min(STOP_POLL));
     }
 }

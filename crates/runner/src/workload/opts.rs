@@ -174,7 +174,7 @@ mod tests {
     /// docs/workloads.md and users' scripts match them.
     #[test]
     fn refusals_keep_their_words() {
-        use super::super::{sctp, tcp, validate, Kind};
+        use super::super::{sctp, serve, tcp, validate, Kind};
         let ts = |f: fn(&mut tcp::StreamArgs)| {
             let mut a = tcp::StreamArgs::default();
             f(&mut a);
@@ -260,8 +260,8 @@ mod tests {
             assert_eq!(validate(&kind).unwrap_err().to_string(), want);
         }
         let serve = |listen: &str, duration: &str| {
-            let a = tcp::ServeArgs { listen: listen.into(), duration: Some(duration.into()) };
-            tcp::serve(a).unwrap_err().to_string()
+            let a = serve::ServeArgs { listen: listen.into(), duration: Some(duration.into()) };
+            serve::serve(a).unwrap_err().to_string()
         };
         assert_eq!(serve("nohost", "1s"), "--listen: \"nohost\" is not HOST:PORT (invalid socket address)");
         assert_eq!(

@@ -15,22 +15,22 @@ use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
-use hdrhistogram::Histogram;
+use anyhow::{anyhow, bail, Result};
 use libc::c_int;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::opts::{self, opt_size_text, size_text, Wording};
-use super::result::{
-    latency_histogram, wall_now, CpuSample, ErrnoCount, Errors, Latency, Rusage, Spread, WorkloadResult,
+use super::net::{
+    self, effective_bufs, record_latency, Ctl, Rate, ServerErrors, SockBufs, Tally, MAX_WORKERS, RECV_BUF,
 };
+use super::opts::{self, opt_size_text, size_text, Wording};
+use super::result::{wall_now, ErrnoCount, Errors, WorkloadResult};
 
 // ---------------------------------------------------------------------------------------------
 // The kernel ABI (include/uapi/linux/sctp.h), checked against Debian's linux-libc-dev 6.1 header.
@@ -313,8 +313,6 @@ impl Default for RrArgs {
 
 /// Largest message fraglab sends or answers with.
 const MAX_MSG: u64 = 16 << 20;
-/// Most threads / clients / concurrent associations.
-const MAX_WORKERS: u64 = 4096;
 
 /// The largest SO_SNDBUF / SO_RCVBUF asked for.
 const MAX_SOCKBUF: u64 = 1 << 30;
@@ -328,14 +326,10 @@ impl Common {
         sndbuf: Option<&str>,
         rcvbuf: Option<&str>,
     ) -> Result<Common> {
-        let buf = |flag, text| -> Result<_> {
-            Ok(opts::sockbuf(SCTP, flag, text, MAX_SOCKBUF)?.map(|n| n as c_int))
-        };
         Ok(Common {
             style,
             peer: opts::peer(SCTP, peer)?,
-            sndbuf: buf("--sndbuf", sndbuf)?,
-            rcvbuf: buf("--rcvbuf", rcvbuf)?,
+            bufs: SockBufs::resolve(SCTP, MAX_SOCKBUF, sndbuf, rcvbuf)?,
         })
     }
 }
@@ -344,8 +338,7 @@ impl Common {
 struct Common {
     style: Style,
     peer: Option<SocketAddr>,
-    sndbuf: Option<c_int>,
-    rcvbuf: Option<c_int>,
+    bufs: SockBufs,
 }
 
 struct ConnectPlan {
@@ -433,11 +426,6 @@ fn cvt(ret: c_int) -> io::Result<c_int> {
 
 fn would_block(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINPROGRESS))
-}
-
-/// Errors worth retrying: the kernel was short of memory or buffers for this one call.
-fn transient(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOMEM) | Some(libc::ENOBUFS))
 }
 
 fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -558,14 +546,6 @@ impl Sock {
         self.set(level, name, &value)
     }
 
-    fn get_int(&self, level: c_int, name: c_int) -> io::Result<c_int> {
-        let mut v: c_int = 0;
-        let mut len = size_of::<c_int>() as libc::socklen_t;
-        // SAFETY: v has len writable bytes.
-        cvt(unsafe { libc::getsockopt(self.fd(), level, name, &mut v as *mut c_int as *mut _, &mut len) })?;
-        Ok(v)
-    }
-
     fn set_timeout(&self, name: c_int, d: Duration) -> io::Result<()> {
         let tv = libc::timeval { tv_sec: d.as_secs() as libc::time_t, tv_usec: d.subsec_micros() as _ };
         self.set(libc::SOL_SOCKET, name, &tv)
@@ -581,16 +561,6 @@ impl Sock {
     /// kernel accepts a prefix of the struct).
     fn subscribe_assoc_changes(&self) -> io::Result<()> {
         self.set(SOL_SCTP, SCTP_EVENTS, &[0u8, 1u8])
-    }
-
-    fn set_bufs(&self, sndbuf: Option<c_int>, rcvbuf: Option<c_int>) -> io::Result<()> {
-        if let Some(b) = sndbuf {
-            self.set_int(libc::SOL_SOCKET, libc::SO_SNDBUF, b)?;
-        }
-        if let Some(b) = rcvbuf {
-            self.set_int(libc::SOL_SOCKET, libc::SO_RCVBUF, b)?;
-        }
-        Ok(())
     }
 
     fn status(&self, assoc_id: i32) -> io::Result<SctpStatus> {
@@ -746,6 +716,12 @@ impl Sock {
     }
 }
 
+impl AsFd for Sock {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The server side
 // ---------------------------------------------------------------------------------------------
@@ -756,8 +732,8 @@ pub struct ServerOpts {
     pub style: Style,
     /// SCTP_INITMSG out and in streams (default: the kernel's).
     pub streams: Option<u16>,
-    pub sndbuf: Option<c_int>,
-    pub rcvbuf: Option<c_int>,
+    /// SO_SNDBUF / SO_RCVBUF of the listening socket and every association's.
+    pub(crate) bufs: SockBufs,
     /// SCTP_NODELAY on every association (request/response).
     pub nodelay: bool,
     pub backlog: c_int,
@@ -768,8 +744,7 @@ impl Default for ServerOpts {
         ServerOpts {
             style: Style::OneToOne,
             streams: None,
-            sndbuf: None,
-            rcvbuf: None,
+            bufs: SockBufs::default(),
             nodelay: false,
             backlog: 1024,
         }
@@ -829,14 +804,7 @@ impl ServeArgs {
             self.sndbuf.as_deref(),
             self.rcvbuf.as_deref(),
         )?;
-        Ok(ServerOpts {
-            style: c.style,
-            streams,
-            sndbuf: c.sndbuf,
-            rcvbuf: c.rcvbuf,
-            nodelay: true,
-            ..ServerOpts::default()
-        })
+        Ok(ServerOpts { style: c.style, streams, bufs: c.bufs, nodelay: true, ..ServerOpts::default() })
     }
 }
 
@@ -848,7 +816,7 @@ impl ServerOpts {
             None => "the kernel's stream counts".into(),
         };
         let mut s = format!("{}, {streams}", self.style.name());
-        for (name, b) in [("SO_SNDBUF", self.sndbuf), ("SO_RCVBUF", self.rcvbuf)] {
+        for (name, b) in [("SO_SNDBUF", self.bufs.snd), ("SO_RCVBUF", self.bufs.rcv)] {
             if let Some(b) = b {
                 s += &format!(", {name} {b}");
             }
@@ -884,12 +852,12 @@ struct Shared {
     bytes: AtomicU64,
     replies: AtomicU64,
     unfinished: AtomicU64,
-    errors: Mutex<Errors>,
+    errors: ServerErrors,
 }
 
 impl Shared {
     fn record(&self, e: &io::Error) {
-        self.errors.lock().unwrap().record(e);
+        self.errors.record(e);
     }
 }
 
@@ -915,7 +883,7 @@ impl Server {
         if let Some(s) = opts.streams {
             sock.set_initmsg(s)?;
         }
-        sock.set_bufs(opts.sndbuf, opts.rcvbuf)?;
+        opts.bufs.apply(&sock)?;
         sock.set_int(SOL_SCTP, SCTP_RECVRCVINFO, 1)?;
         if opts.nodelay {
             sock.set_int(SOL_SCTP, SCTP_NODELAY, 1)?;
@@ -937,7 +905,7 @@ impl Server {
             bytes: AtomicU64::new(0),
             replies: AtomicU64::new(0),
             unfinished: AtomicU64::new(0),
-            errors: Mutex::new(Errors::new(Instant::now())),
+            errors: ServerErrors::new(),
         });
         let sh = shared.clone();
         let thread =
@@ -959,14 +927,13 @@ impl Server {
             let _ = t.join();
         }
         let s = &self.shared;
-        let errors = std::mem::replace(&mut *s.errors.lock().unwrap(), Errors::new(Instant::now()));
         ServerReport {
             associations: s.associations.load(Ordering::SeqCst),
             messages: s.messages.load(Ordering::SeqCst),
             bytes: s.bytes.load(Ordering::SeqCst),
             replies: s.replies.load(Ordering::SeqCst),
             unfinished: s.unfinished.load(Ordering::SeqCst),
-            errors: errors.into_vec(),
+            errors: s.errors.take(),
         }
     }
 }
@@ -980,9 +947,6 @@ impl Drop for Server {
         }
     }
 }
-
-/// Receive buffer per server association.
-const SERVER_BUF: usize = 256 << 10;
 
 /// Account for one received piece; when it ends a message with a PPID, answer it.
 fn serve_data(sock: &Sock, r: &Received, reply: &mut Vec<u8>, sh: &Shared) {
@@ -1043,7 +1007,7 @@ fn serve_one_to_one(listener: Sock, opts: ServerOpts, sh: Arc<Shared>) {
         let setup = conn
             .set_int(SOL_SCTP, SCTP_RECVRCVINFO, 1)
             .and_then(|_| conn.set_timeout(libc::SO_RCVTIMEO, SERVER_TICK))
-            .and_then(|_| conn.set_bufs(opts.sndbuf, opts.rcvbuf))
+            .and_then(|_| opts.bufs.apply(&conn))
             .and_then(|_| if opts.nodelay { conn.set_int(SOL_SCTP, SCTP_NODELAY, 1) } else { Ok(()) });
         if let Err(e) = setup {
             sh.record(&e);
@@ -1067,7 +1031,7 @@ fn serve_one_to_one(listener: Sock, opts: ServerOpts, sh: Arc<Shared>) {
 }
 
 fn serve_conn(sock: Sock, sh: Arc<Shared>) {
-    let mut buf = vec![0u8; SERVER_BUF];
+    let mut buf = vec![0u8; RECV_BUF];
     let mut reply = Vec::new();
     loop {
         // Checked on every pass, not only when the socket is quiet: a peer that never pauses would
@@ -1092,7 +1056,7 @@ fn serve_conn(sock: Sock, sh: Arc<Shared>) {
 }
 
 fn serve_one_to_many(sock: Sock, sh: Arc<Shared>) {
-    let mut buf = vec![0u8; SERVER_BUF];
+    let mut buf = vec![0u8; RECV_BUF];
     let mut reply = Vec::new();
     let mut open: HashSet<i32> = HashSet::new();
     let mut stopping_since: Option<Instant> = None;
@@ -1139,22 +1103,9 @@ fn serve_one_to_many(sock: Sock, sh: Arc<Shared>) {
 }
 
 /// The in-process server on 127.0.0.1, unless `--peer` names one.
-fn server_for(common: &Common, streams: Option<u16>, nodelay: bool) -> Result<(Option<Server>, SocketAddr)> {
-    if let Some(p) = common.peer {
-        return Ok((None, p));
-    }
-    let opts = ServerOpts {
-        style: common.style,
-        streams,
-        sndbuf: common.sndbuf,
-        rcvbuf: common.rcvbuf,
-        nodelay,
-        backlog: 1024,
-    };
-    let server = Server::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), opts)
-        .context("starting the in-process SCTP server on 127.0.0.1")?;
-    let addr = server.addr();
-    Ok((Some(server), addr))
+fn server_for(common: &Common, streams: Option<u16>, nodelay: bool) -> Result<(SocketAddr, Option<Server>)> {
+    let opts = ServerOpts { style: common.style, streams, bufs: common.bufs, nodelay, backlog: 1024 };
+    net::server_or_peer(common.peer, "SCTP", |local| Server::start(local, opts).map(|s| (s.addr, s)))
 }
 
 fn server_details(
@@ -1226,7 +1177,7 @@ impl Client {
 /// first message later (the caller does that before the clock starts).
 fn open_client(common: &Common, addr: SocketAddr, nodelay: bool) -> io::Result<Client> {
     let sock = Sock::for_addr(&addr, common.style)?;
-    sock.set_bufs(common.sndbuf, common.rcvbuf)?;
+    common.bufs.apply(&sock)?;
     if nodelay {
         sock.set_int(SOL_SCTP, SCTP_NODELAY, 1)?;
     }
@@ -1244,205 +1195,39 @@ fn open_client(common: &Common, addr: SocketAddr, nodelay: bool) -> io::Result<C
 /// How long a stream/rr client waits for an association, a send or a response.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn micros(d: Duration) -> u64 {
-    (d.as_micros() as u64).max(1)
-}
-
-/// Start phase shared by sctp-stream and sctp-rr: every worker sets its association up, then the
-/// clock starts for all at once. Workers end at the deadline, or earlier when the run's stop flag is
-/// raised.
-struct Gate<'a> {
-    ready: Barrier,
-    go: Barrier,
-    deadline: Mutex<Option<Instant>>,
-    stop: &'a AtomicBool,
-}
-
-impl<'a> Gate<'a> {
-    fn new(workers: usize, stop: &'a AtomicBool) -> Gate<'a> {
-        Gate {
-            ready: Barrier::new(workers + 1),
-            go: Barrier::new(workers + 1),
-            deadline: Mutex::new(None),
-            stop,
-        }
-    }
-
-    /// Worker side: wait for the start, return the deadline.
-    fn worker_wait(&self) -> Instant {
-        self.ready.wait();
-        self.go.wait();
-        self.deadline.lock().unwrap().expect("the deadline is set before go")
-    }
-
-    /// Main side: wait until every worker is set up, start the clock.
-    fn start(&self, run: Duration) -> Instant {
-        self.ready.wait();
-        let start = Instant::now();
-        *self.deadline.lock().unwrap() = Some(start + run);
-        self.go.wait();
-        start
-    }
-
-    /// Whether the run's stop flag has been raised (a relaxed load, once per operation).
-    fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
-    }
-}
-
-/// What one stream/rr worker did.
-struct WorkerOut {
-    ok: u64,
-    failed: u64,
-    bytes: u64,
-    elapsed: Duration,
-    errors: Errors,
-    latency: Histogram<u64>,
-}
-
-impl WorkerOut {
-    fn new(t0: Instant) -> WorkerOut {
-        WorkerOut {
-            ok: 0,
-            failed: 0,
-            bytes: 0,
-            elapsed: Duration::ZERO,
-            errors: Errors::new(t0),
-            latency: latency_histogram(),
-        }
-    }
-}
-
 /// The measured part of a stream/rr worker: wait at the gate, then repeat `op` on the association
-/// until the deadline or the stop flag. `op` returns the payload bytes of one operation, or `None`
-/// when it only timed out so the loop can look at the clock. A failure is counted; ENOMEM/ENOBUFS
-/// are retried after 1 ms, anything else ends the worker. A client that could not be set up counts
-/// one failure.
+/// until the run ends. `op` returns the payload bytes of one operation, or `None` when it only timed
+/// out so the loop can look at the stop flag. A failure is counted; one [`net::transient`] is
+/// retried, anything else ends the worker. A client that could not be set up counts one failure.
 fn timed_loop(
-    t0: Instant,
-    gate: &Gate,
+    ctl: &Ctl,
     client: io::Result<Client>,
     mut op: impl FnMut(&Client) -> io::Result<Option<u64>>,
-) -> WorkerOut {
-    let mut out = WorkerOut::new(t0);
-    let end = gate.worker_wait();
+) -> (Tally, ()) {
+    let mut t = ctl.tally();
+    let start = ctl.start();
     let client = match client {
         Ok(c) => c,
         Err(e) => {
-            out.failed += 1;
-            out.errors.record(&e);
-            return out;
+            t.fail(&e);
+            return (t, ());
         }
     };
-    let start = Instant::now();
-    loop {
-        let t = Instant::now();
-        if t >= end || gate.stopped() {
-            break;
-        }
+    while !ctl.stopped() {
+        let began = Instant::now();
         match op(&client) {
-            Ok(Some(n)) => {
-                out.ok += 1;
-                out.bytes += n;
-                out.latency.saturating_record(micros(t.elapsed()));
-            }
+            Ok(Some(n)) => t.done(began, n),
             Ok(None) => {}
             Err(e) => {
-                out.failed += 1;
-                out.errors.record(&e);
-                if !transient(&e) {
+                t.fail(&e);
+                if !ctl.retry_after(&e) {
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(1));
             }
         }
     }
-    out.elapsed = start.elapsed();
-    out
-}
-
-/// What the workers of sctp-stream or sctp-rr did, and over which window.
-struct Timed {
-    outs: Vec<WorkerOut>,
-    /// From the gate opening to every worker joined.
-    elapsed: Duration,
-    /// The duration asked for.
-    duration: Duration,
-    cpu0: Option<CpuSample>,
-    ru0: Rusage,
-    /// The run's stop flag ended the workers before `duration`.
-    stopped: bool,
-}
-
-impl Timed {
-    /// Run `n` workers: each sets its association up and runs [`timed_loop`] from the gate; the clock
-    /// starts once all are set up and runs `duration`, or until `stop` is raised.
-    fn run(
-        n: usize,
-        duration: Duration,
-        stop: &AtomicBool,
-        work: impl Fn(&Gate) -> WorkerOut + Sync,
-    ) -> Timed {
-        let gate = Gate::new(n, stop);
-        let (outs, start, cpu0, ru0) = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..n).map(|_| s.spawn(|| work(&gate))).collect();
-            let ru0 = Rusage::now();
-            let cpu0 = CpuSample::now().ok();
-            let start = gate.start(duration);
-            let outs: Vec<WorkerOut> =
-                hs.into_iter().map(|h| h.join().expect("sctp worker panicked")).collect();
-            (outs, start, cpu0, ru0)
-        });
-        let elapsed = start.elapsed();
-        let stopped = elapsed < duration && stop.load(Ordering::Relaxed);
-        Timed { outs, elapsed, duration, cpu0, ru0, stopped }
-    }
-
-    /// The fields sctp-stream and sctp-rr fill alike. `rate`: one worker's rate, for `per_worker`;
-    /// `cpu_bytes(ok, bytes)`: the bytes CPU service demand is counted over.
-    fn into_result(
-        self,
-        kind: &str,
-        params: Value,
-        started: String,
-        t0: Instant,
-        rate: impl Fn(&WorkerOut) -> f64,
-        cpu_bytes: impl Fn(u64, u64) -> u64,
-    ) -> WorkloadResult {
-        let rates: Vec<f64> = self.outs.iter().map(rate).collect();
-        let (ok, failed, bytes, errors, h) = merge(self.outs, t0);
-        let mut r = WorkloadResult::new(kind, params, started);
-        r.cpu = self.cpu0.and_then(|c| Some(c.until(&CpuSample::now().ok()?, cpu_bytes(ok, bytes))));
-        r.rusage = Rusage::now().since(&self.ru0);
-        r.duration_s = self.elapsed.as_secs_f64();
-        r.ok = ok;
-        r.failed = failed;
-        r.bytes = bytes;
-        r.ops_per_sec = Some(ok as f64 / r.duration_s.max(1e-9));
-        r.per_worker = Spread::of(&rates);
-        r.latency_us = Latency::of(&h);
-        r.errors = errors.into_vec();
-        if self.stopped {
-            let asked = humantime::format_duration(self.duration);
-            r.mark_stopped(format_args!("{:.1} s of the {asked} asked for", self.elapsed.as_secs_f64()));
-        }
-        r
-    }
-}
-
-/// Merge worker results into the shared fields of a result.
-fn merge(outs: Vec<WorkerOut>, t0: Instant) -> (u64, u64, u64, Errors, Histogram<u64>) {
-    let mut errors = Errors::new(t0);
-    let mut h = latency_histogram();
-    let (mut ok, mut failed, mut bytes) = (0, 0, 0);
-    for o in outs {
-        ok += o.ok;
-        failed += o.failed;
-        bytes += o.bytes;
-        errors.merge(o.errors);
-        h.add(&o.latency).expect("same histogram bounds");
-    }
-    (ok, failed, bytes, errors, h)
+    t.elapsed = start.elapsed();
+    (t, ())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1461,25 +1246,21 @@ struct Up {
     stopped: bool,
 }
 
+/// A connect worker's own counts, beside its tally (`ok` = associations up, latency = setting one
+/// up, `bytes` = its 1-byte per-stream messages).
 #[derive(Default)]
-struct ConnectWorker {
-    ok: u64,
-    failed: u64,
-    messages_ok: u64,
+struct ConnectOwn {
     messages_failed: u64,
     fewer_streams: u64,
-    elapsed: Duration,
-    errors: Option<Errors>,
-    latency: Option<Histogram<u64>>,
     /// The lowest-numbered association that came up, with its SCTP_STATUS.
     first: Option<(u64, SctpStatus)>,
     /// The stop flag left associations untried or messages unsent.
     stopped: bool,
 }
 
-/// Set one association up, read its status, send its per-stream messages (until `stop` is raised);
+/// Set one association up, read its status, send its per-stream messages (until the run stops);
 /// closed on return.
-fn associate(p: &ConnectPlan, addr: &SocketAddr, errors: &mut Errors, stop: &AtomicBool) -> io::Result<Up> {
+fn associate(p: &ConnectPlan, addr: &SocketAddr, errors: &mut Errors, ctl: &Ctl) -> io::Result<Up> {
     let timed_out = |e: io::Error| if would_block(&e) { errno(libc::ETIMEDOUT) } else { e };
     let style = p.common.style;
     let sock = Sock::for_addr(addr, style)?;
@@ -1530,7 +1311,7 @@ fn associate(p: &ConnectPlan, addr: &SocketAddr, errors: &mut Errors, stop: &Ato
     if p.message_per_stream {
         for sid in 0..outbound {
             // 65535 messages take seconds, more than a minute under TCG: a stopped run does not wait.
-            if stop.load(Ordering::Relaxed) {
+            if ctl.stopped() {
                 stopped = true;
                 break;
             }
@@ -1538,12 +1319,13 @@ fn associate(p: &ConnectPlan, addr: &SocketAddr, errors: &mut Errors, stop: &Ato
                 Ok(_) => messages_ok += 1,
                 Err(e) => {
                     messages_failed += 1;
-                    let retry = transient(&e);
-                    errors.record(&timed_out(e));
-                    if !retry {
+                    // Judged as counted: a send that waited out --timeout is ETIMEDOUT, and another
+                    // one would only wait as long again.
+                    let e = timed_out(e);
+                    errors.record(&e);
+                    if !ctl.retry_after(&e) {
                         break;
                     }
-                    std::thread::sleep(Duration::from_millis(1));
                 }
             }
         }
@@ -1551,31 +1333,25 @@ fn associate(p: &ConnectPlan, addr: &SocketAddr, errors: &mut Errors, stop: &Ato
     Ok(Up { latency, instrms: inbound, outstrms: outbound, status, messages_ok, messages_failed, stopped })
 }
 
-fn connect_worker(
-    p: &ConnectPlan,
-    addr: &SocketAddr,
-    next: &AtomicU64,
-    t0: Instant,
-    stop: &AtomicBool,
-) -> ConnectWorker {
-    let mut w = ConnectWorker::default();
-    let mut errors = Errors::new(t0);
-    let mut h = latency_histogram();
-    let start = Instant::now();
+fn connect_worker(p: &ConnectPlan, addr: &SocketAddr, next: &AtomicU64, ctl: &Ctl) -> (Tally, ConnectOwn) {
+    let mut t = ctl.tally();
+    let mut w = ConnectOwn::default();
+    let start = ctl.start();
     loop {
         let i = next.fetch_add(1, Ordering::SeqCst);
         if i >= p.n {
             break;
         }
-        if stop.load(Ordering::Relaxed) {
+        if ctl.stopped() {
             w.stopped = true;
             break;
         }
-        match associate(p, addr, &mut errors, stop) {
+        match associate(p, addr, &mut t.errors, ctl) {
             Ok(up) => {
-                w.ok += 1;
-                h.saturating_record(micros(up.latency));
-                w.messages_ok += up.messages_ok;
+                t.ok += 1;
+                record_latency(&mut t.latency, up.latency);
+                // A per-stream message is 1 byte: the bytes are the messages sent.
+                t.bytes += up.messages_ok;
                 w.stopped |= up.stopped;
                 w.messages_failed += up.messages_failed;
                 if up.instrms < p.streams || up.outstrms < p.streams {
@@ -1587,16 +1363,11 @@ fn connect_worker(
                     }
                 }
             }
-            Err(e) => {
-                w.failed += 1;
-                errors.record(&e);
-            }
+            Err(e) => t.fail(&e),
         }
     }
-    w.elapsed = start.elapsed();
-    w.errors = Some(errors);
-    w.latency = Some(h);
-    w
+    t.elapsed = start.elapsed();
+    (t, w)
 }
 
 /// enum sctp_sstat_state.
@@ -1649,51 +1420,29 @@ pub fn connect(a: &ConnectArgs) -> Result<WorkloadResult> {
 pub fn connect_until(a: &ConnectArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = ConnectPlan::resolve(a)?;
     check_sctp()?;
-    let started = wall_now();
-    let ru0 = Rusage::now();
-    let (server, addr) = server_for(&p.common, Some(p.streams), false)?;
-    let cpu0 = CpuSample::now().ok();
+    let r = WorkloadResult::new("sctp-connect", serde_json::to_value(a)?, wall_now());
+    let (addr, server) = server_for(&p.common, Some(p.streams), false)?;
     let t0 = Instant::now();
     let next = AtomicU64::new(0);
-    let workers: Vec<ConnectWorker> = std::thread::scope(|s| {
-        let hs: Vec<_> =
-            (0..p.workers).map(|_| s.spawn(|| connect_worker(&p, &addr, &next, t0, stop))).collect();
-        hs.into_iter().map(|h| h.join().expect("connect worker panicked")).collect()
-    });
-    let elapsed = t0.elapsed();
-    let cpu = cpu0.and_then(|c| Some(c.until(&CpuSample::now().ok()?, 0)));
+    // No duration: the workers share out the associations and the run ends when all are tried.
+    let d = net::drive("sctp", p.workers, None, t0, stop, |ctl| connect_worker(&p, &addr, &next, ctl));
     let report = server.map(Server::stop);
+    let mut m = d.merge(r, Rate::Ops, |_| 0);
+    let r = &mut m.result;
 
-    let mut errors = Errors::new(t0);
-    let mut h = latency_histogram();
-    let mut r = WorkloadResult::new("sctp-connect", serde_json::to_value(a)?, started);
-    let (mut messages_ok, mut messages_failed, mut fewer) = (0, 0, 0);
+    let (mut messages_failed, mut fewer) = (0, 0);
     let mut first: Option<(u64, SctpStatus)> = None;
-    let mut rates = Vec::new();
     let mut stopped = false;
-    for w in workers {
+    for w in m.own {
         stopped |= w.stopped;
-        r.ok += w.ok;
-        r.failed += w.failed;
-        messages_ok += w.messages_ok;
         messages_failed += w.messages_failed;
         fewer += w.fewer_streams;
-        rates.push(w.ok as f64 / w.elapsed.as_secs_f64().max(1e-9));
-        errors.merge(w.errors.expect("set by the worker"));
-        h.add(w.latency.as_ref().expect("set by the worker")).expect("same histogram bounds");
         if let Some((i, s)) = w.first {
             if first.as_ref().is_none_or(|(j, _)| i < *j) {
                 first = Some((i, s));
             }
         }
     }
-    r.duration_s = elapsed.as_secs_f64();
-    r.ops_per_sec = Some(r.ok as f64 / r.duration_s.max(1e-9));
-    r.per_worker = Spread::of(&rates);
-    r.latency_us = Latency::of(&h);
-    r.cpu = cpu;
-    r.bytes = messages_ok;
-    r.errors = errors.into_vec();
     let d = &mut r.details;
     d.insert("style".into(), json!(p.common.style.name()));
     d.insert("streams_requested".into(), json!(p.streams));
@@ -1703,7 +1452,7 @@ pub fn connect_until(a: &ConnectArgs, stop: &AtomicBool) -> Result<WorkloadResul
     }
     d.insert("associations_with_fewer_streams".into(), json!(fewer));
     if p.message_per_stream {
-        d.insert("messages_sent".into(), json!(messages_ok));
+        d.insert("messages_sent".into(), json!(r.bytes));
         d.insert("messages_failed".into(), json!(messages_failed));
     }
     server_details(d, &p.common, addr, report);
@@ -1725,30 +1474,25 @@ pub fn connect_until(a: &ConnectArgs, stop: &AtomicBool) -> Result<WorkloadResul
         r.notes.push("ECONNREFUSED: SCTP_CANT_STR_ASSOC or SCTP_COMM_LOST while setting up".into());
     }
     if stopped {
-        r.mark_stopped(format_args!(
-            "{:.1} s, {} of {} associations tried",
-            elapsed.as_secs_f64(),
-            r.ok + r.failed,
-            p.n
-        ));
+        let (secs, tried) = (r.duration_s, r.ok + r.failed);
+        r.mark_stopped(format_args!("{secs:.1} s, {tried} of {} associations tried", p.n));
     }
-    r.rusage = Rusage::now().since(&ru0);
-    Ok(r)
+    Ok(m.result)
 }
 
 // ---------------------------------------------------------------------------------------------
 // sctp-stream
 // ---------------------------------------------------------------------------------------------
 
-fn stream_worker(p: &StreamPlan, addr: SocketAddr, gate: &Gate, t0: Instant) -> WorkerOut {
+fn stream_worker(p: &StreamPlan, addr: SocketAddr, ctl: &Ctl) -> (Tally, ()) {
     let msg = vec![0x5au8; p.msg];
     // One-to-many: the association comes up with an unmeasured first message, before the clock.
     let client = open_client(&p.common, addr, false)
         .and_then(|c| if c.to.is_some() { c.send(&msg, 0, 0).map(|_| c) } else { Ok(c) })
         .and_then(|c| c.sock.set_timeout(libc::SO_SNDTIMEO, Duration::from_millis(250)).map(|_| c));
-    timed_loop(t0, gate, client, |c| match c.send(&msg, 0, 0) {
+    timed_loop(ctl, client, |c| match c.send(&msg, 0, 0) {
         Ok(n) => Ok(Some(n as u64)),
-        // The send timeout only lets the loop look at the clock.
+        // The send timeout only lets the loop look at the stop flag.
         Err(e) if would_block(&e) => Ok(None),
         Err(e) => Err(e),
     })
@@ -1763,25 +1507,25 @@ pub fn stream(a: &StreamArgs) -> Result<WorkloadResult> {
 pub fn stream_until(a: &StreamArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = StreamPlan::resolve(a)?;
     check_sctp()?;
-    let started = wall_now();
+    let r = WorkloadResult::new("sctp-stream", serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
-    let (server, addr) = server_for(&p.common, None, false)?;
-    let run = Timed::run(p.threads, p.duration, stop, |gate| stream_worker(&p, addr, gate, t0));
-    let mbit = |o: &WorkerOut| o.bytes as f64 * 8.0 / 1e6 / o.elapsed.as_secs_f64().max(1e-9);
-    let mut r = run.into_result("sctp-stream", serde_json::to_value(a)?, started, t0, mbit, |_, bytes| bytes);
+    let (addr, server) = server_for(&p.common, None, false)?;
+    let d = net::drive("sctp", p.threads, Some(p.duration), t0, stop, |ctl| stream_worker(&p, addr, ctl));
+    let mut m = d.merge(r, Rate::Mbit, |r| r.bytes);
+    m.mark_if_stopped(humantime::format_duration(p.duration));
     let report = server.map(Server::stop);
+    let r = &mut m.result;
 
-    r.throughput_mbit = Some(r.bytes as f64 * 8.0 / 1e6 / r.duration_s.max(1e-9));
     let d = &mut r.details;
     d.insert("style".into(), json!(p.common.style.name()));
     d.insert("threads".into(), json!(p.threads));
     d.insert("msg_bytes".into(), json!(p.msg));
     if let Ok(sock) = Sock::for_addr(&addr, p.common.style) {
-        if sock.set_bufs(p.common.sndbuf, p.common.rcvbuf).is_ok() {
+        if p.common.bufs.apply(&sock).is_ok() {
             // What the kernel made of the request (it doubles SO_SNDBUF/SO_RCVBUF).
-            let get = |o| sock.get_int(libc::SOL_SOCKET, o).ok();
-            d.insert("sndbuf_bytes".into(), json!(get(libc::SO_SNDBUF)));
-            d.insert("rcvbuf_bytes".into(), json!(get(libc::SO_RCVBUF)));
+            let (snd, rcv) = effective_bufs(&sock).unzip();
+            d.insert("sndbuf_bytes".into(), json!(snd));
+            d.insert("rcvbuf_bytes".into(), json!(rcv));
         }
     }
     server_details(d, &p.common, addr, report);
@@ -1796,16 +1540,16 @@ pub fn stream_until(a: &StreamArgs, stop: &AtomicBool) -> Result<WorkloadResult>
             "one-to-many: each association is set up by one unmeasured message before the clock".into(),
         );
     }
-    Ok(r)
+    Ok(m.result)
 }
 
 // ---------------------------------------------------------------------------------------------
 // sctp-rr
 // ---------------------------------------------------------------------------------------------
 
-fn rr_worker(p: &RrPlan, addr: SocketAddr, gate: &Gate, t0: Instant) -> WorkerOut {
+fn rr_worker(p: &RrPlan, addr: SocketAddr, ctl: &Ctl) -> (Tally, ()) {
     let req = vec![0x5au8; p.req];
-    let mut buf = vec![0u8; p.resp.clamp(4096, 256 << 10)];
+    let mut buf = vec![0u8; p.resp.clamp(4096, RECV_BUF)];
     // One-to-many: the association comes up with an unmeasured first transaction, before the clock.
     let client = open_client(&p.common, addr, true).and_then(|c| {
         if c.to.is_some() {
@@ -1814,7 +1558,7 @@ fn rr_worker(p: &RrPlan, addr: SocketAddr, gate: &Gate, t0: Instant) -> WorkerOu
             Ok(c)
         }
     });
-    timed_loop(t0, gate, client, |c| c.transact(&req, p.resp, &mut buf).map(|()| Some(p.req as u64)))
+    timed_loop(ctl, client, |c| c.transact(&req, p.resp, &mut buf).map(|()| Some(p.req as u64)))
 }
 
 /// `fraglab workload sctp-rr`: like `netperf -t SCTP_RR`.
@@ -1826,14 +1570,15 @@ pub fn rr(a: &RrArgs) -> Result<WorkloadResult> {
 pub fn rr_until(a: &RrArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = RrPlan::resolve(a)?;
     check_sctp()?;
-    let started = wall_now();
+    let r = WorkloadResult::new("sctp-rr", serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
-    let (server, addr) = server_for(&p.common, None, true)?;
-    let run = Timed::run(p.clients, p.duration, stop, |gate| rr_worker(&p, addr, gate, t0));
-    let tps = |o: &WorkerOut| o.ok as f64 / o.elapsed.as_secs_f64().max(1e-9);
-    let both_ways = |ok, bytes| bytes + ok * p.resp as u64;
-    let mut r = run.into_result("sctp-rr", serde_json::to_value(a)?, started, t0, tps, both_ways);
+    let (addr, server) = server_for(&p.common, None, true)?;
+    let d = net::drive("sctp", p.clients, Some(p.duration), t0, stop, |ctl| rr_worker(&p, addr, ctl));
+    let both_ways = |r: &WorkloadResult| r.bytes + r.ok * p.resp as u64;
+    let mut m = d.merge(r, Rate::Ops, both_ways);
+    m.mark_if_stopped(humantime::format_duration(p.duration));
     let report = server.map(Server::stop);
+    let r = &mut m.result;
 
     let d = &mut r.details;
     d.insert("style".into(), json!(p.common.style.name()));
@@ -1857,7 +1602,7 @@ pub fn rr_until(a: &RrArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
                 .into(),
         );
     }
-    Ok(r)
+    Ok(m.result)
 }
 
 #[cfg(test)]
@@ -1903,7 +1648,7 @@ mod tests {
     fn serve_args_resolve_to_server_opts() {
         let o = ServeArgs::default().resolve().unwrap();
         assert_eq!(
-            (o.style, o.streams, o.sndbuf, o.rcvbuf, o.nodelay),
+            (o.style, o.streams, o.bufs.snd, o.bufs.rcv, o.nodelay),
             (Style::OneToOne, None, None, None, true)
         );
         assert_eq!(o.describe(), "one-to-one, the kernel's stream counts");
@@ -1916,7 +1661,7 @@ mod tests {
         };
         assert_eq!(a.first_given(), Some("--streams"));
         let o = a.resolve().unwrap();
-        assert_eq!((o.style, o.streams, o.sndbuf), (Style::OneToMany, Some(65535), Some(65536)));
+        assert_eq!((o.style, o.streams, o.bufs.snd), (Style::OneToMany, Some(65535), Some(65536)));
         assert_eq!(o.describe(), "one-to-many, 65535 streams each way, SO_SNDBUF 65536");
         let err = |a: ServeArgs| a.resolve().unwrap_err().to_string();
         assert_eq!(
@@ -1964,34 +1709,41 @@ mod tests {
         assert_eq!((ok.workers, ok.streams), (3, 65535));
     }
 
-    /// The timed machinery of sctp-stream and sctp-rr, without SCTP (this host has none): workers
-    /// stop on the run's flag long before the duration, and the result says so.
+    /// The timed loop of sctp-stream and sctp-rr under the shared driver, without SCTP (this host has
+    /// none): workers stop on the run's flag long before the duration, and the result says so; a
+    /// transient failure is retried on the same association and any other ends the worker; a client
+    /// that could not be set up is one failure, and the run does not wait out its duration for it.
     #[test]
-    fn timed_workers_stop_on_the_run_flag() {
+    fn timed_workers_stop_on_the_run_flag_and_retry_only_transient_failures() {
+        // Any descriptor does: the operations below never use it.
+        let dev_null = || {
+            let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+            Ok(Client { sock: Sock(fd), to: None })
+        };
+        let result = || WorkloadResult::new("sctp-stream", json!({}), wall_now());
         let stop = AtomicBool::new(false);
         let t0 = Instant::now();
-        let (run, took) = std::thread::scope(|s| {
+        let (d, took) = std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(300));
                 stop.store(true, Ordering::Relaxed);
             });
             let t = Instant::now();
-            let run = Timed::run(3, Duration::from_secs(60), &stop, |gate| {
-                // Any descriptor does: the operation below never uses it.
-                let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
-                let client = Ok(Client { sock: Sock(fd), to: None });
-                timed_loop(t0, gate, client, |_| {
+            let d = net::drive("sctp", 3, Some(Duration::from_secs(60)), t0, &stop, |ctl| {
+                timed_loop(ctl, dev_null(), |_| {
                     std::thread::sleep(Duration::from_millis(1));
                     Ok(Some(100))
                 })
             });
-            (run, t.elapsed())
+            (d, t.elapsed())
         });
         assert!(took < Duration::from_secs(2), "took {took:?}");
-        assert!(run.stopped);
-        let r = run.into_result("sctp-stream", json!({}), wall_now(), t0, |o| o.ok as f64, |_, b| b);
+        let mut m = d.merge(result(), Rate::Mbit, |r| r.bytes);
+        m.mark_if_stopped(humantime::format_duration(Duration::from_secs(60)));
+        let r = &m.result;
         assert!(r.ok > 0 && r.bytes == 100 * r.ok && r.failed == 0, "{r:?}");
-        assert!(r.duration_s < 2.0);
+        assert_eq!(r.latency_us.as_ref().unwrap().count, r.ok);
+        assert!(r.duration_s < 2.0 && r.throughput_mbit.is_some());
         assert_eq!(r.details["stopped_by_signal"], true);
         let note = r.notes.last().unwrap();
         assert!(
@@ -1999,22 +1751,29 @@ mod tests {
             "{note}"
         );
 
-        // Not raised: the full duration, no note; a client that could not be set up is one failure.
-        let run = Timed::run(2, Duration::from_millis(100), &AtomicBool::new(false), |gate| {
-            let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
-            timed_loop(t0, gate, Ok(Client { sock: Sock(fd), to: None }), |_| {
-                std::thread::sleep(Duration::from_millis(1));
-                Ok(None)
+        let never = AtomicBool::new(false);
+        let d = net::drive("sctp", 1, Some(Duration::from_secs(60)), t0, &never, |ctl| {
+            let mut calls = 0;
+            timed_loop(ctl, dev_null(), |_| {
+                calls += 1;
+                match calls {
+                    1 => Err(errno(libc::ENOMEM)),
+                    2 => Err(errno(libc::EAGAIN)),
+                    3 => Ok(Some(1)),
+                    _ => Err(errno(libc::ETIMEDOUT)),
+                }
             })
         });
-        assert!(!run.stopped && run.elapsed >= Duration::from_millis(100));
-        let r = run.into_result("sctp-rr", json!({}), wall_now(), t0, |o| o.ok as f64, |_, b| b);
-        assert_eq!((r.ok, r.failed), (0, 0));
-        assert!(!r.details.contains_key("stopped_by_signal") && r.notes.is_empty());
-        let run = Timed::run(2, Duration::from_secs(60), &AtomicBool::new(false), |gate| {
-            timed_loop(t0, gate, Err(errno(libc::ECONNREFUSED)), |_| Ok(None))
+        let r = d.merge(result(), Rate::Ops, |_| 0).result;
+        assert_eq!((r.ok, r.failed), (1, 3), "{r:?}");
+        let errnos: Vec<_> = r.errors.iter().map(|e| (e.errno.as_str(), e.count)).collect();
+        assert_eq!(errnos, [("EAGAIN", 1), ("ENOMEM", 1), ("ETIMEDOUT", 1)]);
+        assert!(r.duration_s < 1.0 && !r.details.contains_key("stopped_by_signal"));
+
+        let d = net::drive("sctp", 2, Some(Duration::from_secs(60)), t0, &never, |ctl| {
+            timed_loop(ctl, Err(errno(libc::ECONNREFUSED)), |_| Ok(None))
         });
-        let r = run.into_result("sctp-rr", json!({}), wall_now(), t0, |o| o.ok as f64, |_, b| b);
+        let r = d.merge(result(), Rate::Ops, |_| 0).result;
         assert_eq!((r.ok, r.failed, r.errors[0].errno.as_str()), (0, 2, "ECONNREFUSED"));
         assert!(r.duration_s < 1.0 && !r.details.contains_key("stopped_by_signal"));
     }

@@ -1,10 +1,10 @@
 //! TCP workloads: `tcp-stream` (T connections each streaming messages, like super_netperf — seed
 //! 002), `tcp-rr` (C clients doing blocking request/response transactions — seed 004), `tcp-crr` (a
-//! new connection per transaction), and `fraglab serve`, their server side for a client on another
-//! host.
+//! new connection per transaction), and `Server`, their server side.
 //!
 //! The server runs in-process on an ephemeral port of 127.0.0.1 unless `--peer HOST:PORT` names a
-//! `fraglab serve`. Both are the same code and speak the same protocol.
+//! `fraglab serve` ([`super::serve`]) on another host. Both are the same code and speak the same
+//! protocol.
 //!
 //! # Wire protocol
 //! Every connection opens with one header line of exactly [`HEADER_LEN`] bytes from the client,
@@ -22,52 +22,46 @@
 //!   client closes. A crr client closes after one transaction, with SO_LINGER 0 (an RST), so neither
 //!   end keeps a TIME_WAIT socket and a long run does not exhaust ephemeral ports.
 //!
-//! # Hot path
-//! Each worker owns its socket, its one preallocated buffer, its counters, histogram and errno table;
-//! the only shared state it touches while running is a relaxed load of the stop flag. Everything is
-//! merged after the workers have been joined.
+//! The workers run under the driver in `workload/net.rs`, as the SCTP ones do: each owns its
+//! socket, its one preallocated buffer and its tally, and everything is merged after they have been
+//! joined.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 
-use super::opts::{self, opt_size_text, size_text, Wording};
-use super::result::{
-    latency_histogram, wall_now, Cpu, CpuSample, ErrnoCount, Errors, Latency, Rusage, Spread, WorkloadResult,
+use super::net::{
+    self, effective_bufs, record_latency, Ctl, Rate, ServerErrors, SockBufs, Tally, MAX_WORKERS, RECV_BUF,
+    WORKER_STACK,
 };
+use super::opts::{self, opt_size_text, size_text, Wording};
+use super::result::{latency_histogram, wall_now, Cpu, ErrnoCount, Latency, WorkloadResult};
 use crate::units::format_size;
 
 /// Length of the header line every connection opens with.
 pub const HEADER_LEN: usize = 64;
 const MAGIC: &str = "FRAGLAB-TCP/1";
-/// The receiving side reads this much per recv(): large enough that the receiver costs a fraction
-/// of the sender (see docs/benchmarks.md), small enough to stay in L2.
-const RECV_BUF: usize = 256 << 10;
 /// Longest a client blocks in one connect/send/recv before counting ETIMEDOUT/EAGAIN.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a server connection waits for its client before giving up on it.
 const SERVER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Pause after a failed connect before a worker tries again.
-const RETRY_PAUSE: Duration = Duration::from_millis(10);
-/// Upper bound for --threads / --clients.
-const MAX_WORKERS: u64 = 4096;
+/// Pause after a lost connection or a failed connect before a worker connects again.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(10);
 /// TCP's kinds word option errors `--flag: why`.
 const TCP: Wording = Wording::Tcp;
 /// Upper bound for --msg / --req / --resp.
 const MAX_MSG: u64 = 64 << 20;
 /// Largest --sndbuf / --rcvbuf (an int the kernel doubles).
 const MAX_SOCKBUF: u64 = (i32::MAX / 2) as u64;
-const WORKER_STACK: usize = 256 << 10;
 /// A server keeps at most this many idle acceptor threads; more exit.
 const SERVER_MAX_IDLE: usize = 64;
 const SERVER_MAX_THREADS: usize = 8192;
@@ -157,79 +151,15 @@ impl Default for RrArgs {
     }
 }
 
-/// `fraglab serve`: which protocol's server side, where, for how long, and SCTP's server options.
-#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
-pub struct ServeCommand {
-    /// tcp: the server side of tcp-stream, tcp-rr and tcp-crr; sctp: of sctp-connect, sctp-stream and
-    /// sctp-rr.
-    #[arg(long, value_enum, default_value_t = Proto::Tcp)]
-    pub proto: Proto,
-    #[command(flatten)]
-    pub common: ServeArgs,
-    #[command(flatten, next_help_heading = "With --proto sctp")]
-    pub sctp: super::sctp::ServeArgs,
-}
-
-/// The protocol `fraglab serve` serves.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Proto {
-    #[default]
-    Tcp,
-    Sctp,
-}
-
-/// The flags alone: `--proto tcp`.
-impl From<ServeArgs> for ServeCommand {
-    fn from(common: ServeArgs) -> ServeCommand {
-        ServeCommand { common, ..Default::default() }
-    }
-}
-
-/// `fraglab serve`'s flags for every protocol: where to listen and for how long.
-#[derive(Debug, Clone, PartialEq, clap::Args, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ServeArgs {
-    /// Address to listen on; port 0 picks a free port (the one chosen is printed).
-    #[arg(long, default_value = DEFAULT_LISTEN, value_name = "ADDR:PORT")]
-    pub listen: String,
-    /// Stop after this long (default: until SIGINT or SIGTERM).
-    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
-    pub duration: Option<String>,
-}
-
-/// netperf's netserver listens on 12865; fraglab one above.
-const DEFAULT_LISTEN: &str = "0.0.0.0:12866";
-
-impl Default for ServeArgs {
-    fn default() -> Self {
-        ServeArgs { listen: DEFAULT_LISTEN.into(), duration: None }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Validation: every flag is checked before any socket is opened.
-
-#[derive(Clone, Copy, Debug, Default)]
-struct Bufs {
-    snd: Option<usize>,
-    rcv: Option<usize>,
-}
-
-impl Bufs {
-    fn resolve(snd: Option<&str>, rcv: Option<&str>) -> Result<Bufs> {
-        let check = |flag, text| -> Result<_> {
-            Ok(opts::sockbuf(TCP, flag, text, MAX_SOCKBUF)?.map(|n| n as usize))
-        };
-        Ok(Bufs { snd: check("--sndbuf", snd)?, rcv: check("--rcvbuf", rcv)? })
-    }
-}
 
 #[derive(Debug)]
 struct StreamPlan {
     threads: usize,
     duration: Duration,
     msg: usize,
-    bufs: Bufs,
+    bufs: SockBufs,
     peer: Option<SocketAddr>,
 }
 
@@ -239,7 +169,7 @@ struct RrPlan {
     duration: Duration,
     req: usize,
     resp: usize,
-    bufs: Bufs,
+    bufs: SockBufs,
     peer: Option<SocketAddr>,
 }
 
@@ -249,7 +179,7 @@ impl StreamPlan {
             threads: opts::count(TCP, "--threads", a.threads as u64, MAX_WORKERS)?,
             duration: opts::duration(TCP, "--duration", &a.duration)?,
             msg: opts::msg_size(TCP, "--msg", &a.msg, MAX_MSG)?,
-            bufs: Bufs::resolve(a.sndbuf.as_deref(), a.rcvbuf.as_deref())?,
+            bufs: SockBufs::resolve(TCP, MAX_SOCKBUF, a.sndbuf.as_deref(), a.rcvbuf.as_deref())?,
             peer: opts::peer(TCP, a.peer.as_deref())?,
         })
     }
@@ -262,7 +192,7 @@ impl RrPlan {
             duration: opts::duration(TCP, "--duration", &a.duration)?,
             req: opts::msg_size(TCP, "--req", &a.req, MAX_MSG)?,
             resp: opts::msg_size(TCP, "--resp", &a.resp, MAX_MSG)?,
-            bufs: Bufs::resolve(a.sndbuf.as_deref(), a.rcvbuf.as_deref())?,
+            bufs: SockBufs::resolve(TCP, MAX_SOCKBUF, a.sndbuf.as_deref(), a.rcvbuf.as_deref())?,
             peer: opts::peer(TCP, a.peer.as_deref())?,
         })
     }
@@ -298,7 +228,7 @@ struct Header {
 }
 
 impl Header {
-    fn new(kind: ConnKind, req: usize, resp: usize, bufs: Bufs) -> Header {
+    fn new(kind: ConnKind, req: usize, resp: usize, bufs: SockBufs) -> Header {
         Header {
             kind,
             req: req as u64,
@@ -357,21 +287,11 @@ impl Header {
 // ---------------------------------------------------------------------------------------------
 // Sockets.
 
-fn set_bufs(s: &SockRef<'_>, bufs: Bufs) -> io::Result<()> {
-    if let Some(n) = bufs.snd {
-        s.set_send_buffer_size(n)?;
-    }
-    if let Some(n) = bufs.rcv {
-        s.set_recv_buffer_size(n)?;
-    }
-    Ok(())
-}
-
 /// A blocking client socket with the buffer sizes set before connect() (so they shape the window
 /// from the SYN on) and IO_TIMEOUT on connect, send and recv.
-fn connect_to(addr: SocketAddr, bufs: Bufs, linger0: bool) -> io::Result<TcpStream> {
+fn connect_to(addr: SocketAddr, bufs: SockBufs, linger0: bool) -> io::Result<TcpStream> {
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    set_bufs(&SockRef::from(&s), bufs)?;
+    bufs.apply(&s)?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
     s.set_read_timeout(Some(IO_TIMEOUT))?;
     if linger0 {
@@ -442,155 +362,9 @@ fn retransmits(s: &TcpStream) -> u64 {
     }
 }
 
-fn transient(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EAGAIN | libc::EINTR | libc::ENOBUFS | libc::ENOMEM | libc::ETIMEDOUT)
-    )
-}
-
-fn micros(d: Duration) -> u64 {
-    (d.as_nanos() as u64).saturating_add(500) / 1000
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
-}
-
-// ---------------------------------------------------------------------------------------------
-// Running workers: spawn, start together, stop together, join.
-
-/// Workers connect, then wait here until all have arrived; then the clock starts.
-struct Gate {
-    state: Mutex<(usize, bool)>,
-    cv: Condvar,
-}
-
-impl Gate {
-    fn new() -> Gate {
-        Gate { state: Mutex::new((0, false)), cv: Condvar::new() }
-    }
-
-    fn arrive_and_wait(&self) {
-        let mut g = self.state.lock().unwrap();
-        g.0 += 1;
-        self.cv.notify_all();
-        while !g.1 {
-            g = self.cv.wait(g).unwrap();
-        }
-    }
-
-    fn open_when(&self, arrived: usize) {
-        let mut g = self.state.lock().unwrap();
-        while g.0 < arrived {
-            g = self.cv.wait(g).unwrap();
-        }
-        g.1 = true;
-        self.cv.notify_all();
-    }
-}
-
-/// What every worker of a run shares: read-only, apart from the stop flag.
-struct Ctl {
-    stop: AtomicBool,
-    gate: Gate,
-    /// The workload's start, for errno first-seen times.
-    t0: Instant,
-}
-
-impl Ctl {
-    fn stopped(&self) -> bool {
-        self.stop.load(Relaxed)
-    }
-
-    /// Sleep RETRY_PAUSE unless the run ends first.
-    fn pause(&self) {
-        let end = Instant::now() + RETRY_PAUSE;
-        while !self.stopped() {
-            let now = Instant::now();
-            if now >= end {
-                break;
-            }
-            std::thread::sleep((end - now).min(Duration::from_millis(2)));
-        }
-    }
-}
-
-struct Driven<O> {
-    outs: Vec<O>,
-    cpu: Option<(CpuSample, CpuSample)>,
-    rusage: Rusage,
-    /// From the gate opening to every worker joined.
-    wall: Duration,
-    /// The run's stop flag ended the workers before `duration`.
-    stopped: bool,
-    /// Failures of the driver itself (a thread that could not be spawned).
-    errors: Errors,
-}
-
-/// Spawn `n` workers running `work`, start them together once all have connected, stop them after
-/// `duration` — or as soon as `stop` (the run's stop flag) is raised — and join them.
-fn drive<O: Send>(
-    n: usize,
-    duration: Duration,
-    t0: Instant,
-    stop: &AtomicBool,
-    work: impl Fn(&Ctl) -> O + Sync,
-) -> Driven<O> {
-    let ctl = Ctl { stop: AtomicBool::new(false), gate: Gate::new(), t0 };
-    let mut errors = Errors::new(t0);
-    std::thread::scope(|scope| {
-        let mut handles = Vec::with_capacity(n);
-        for i in 0..n {
-            let b = std::thread::Builder::new().name(format!("fraglab-tcp-{i}")).stack_size(WORKER_STACK);
-            match b.spawn_scoped(scope, || work(&ctl)) {
-                Ok(h) => handles.push(h),
-                Err(e) => errors.record(&e),
-            }
-        }
-        ctl.gate.open_when(handles.len());
-        let cpu0 = CpuSample::now().ok();
-        let ru0 = Rusage::now();
-        let start = Instant::now();
-        let stopped = super::wait_or_stop(start + duration, stop);
-        ctl.stop.store(true, Relaxed);
-        let outs: Vec<O> = handles.into_iter().map(|h| h.join().expect("tcp worker panicked")).collect();
-        let wall = start.elapsed();
-        let rusage = Rusage::now().since(&ru0);
-        let cpu = cpu0.zip(CpuSample::now().ok());
-        Driven { outs, cpu, rusage, wall, stopped, errors }
-    })
-}
-
-/// The in-process server, or the peer.
+/// The in-process server, with `prespawn` acceptors, or the peer.
 fn target(peer: Option<SocketAddr>, prespawn: usize) -> Result<(SocketAddr, Option<Server>)> {
-    match peer {
-        Some(a) => Ok((a, None)),
-        None => {
-            let server = Server::start("127.0.0.1:0".parse().unwrap(), prespawn)
-                .context("starting the in-process server on 127.0.0.1")?;
-            Ok((server.addr, Some(server)))
-        }
-    }
-}
-
-fn buf_notes(bufs: Bufs, effective: Option<(usize, usize)>, notes: &mut Vec<String>) {
-    if bufs.snd.is_none() && bufs.rcv.is_none() {
-        return;
-    }
-    notes.push("--sndbuf/--rcvbuf are set on both ends of every connection (the kernel doubles them)".into());
-    let Some((snd, rcv)) = effective else { return };
-    if bufs.snd.is_some_and(|r| snd < 2 * r) {
-        notes.push(format!("SO_SNDBUF capped by net.core.wmem_max: effective {snd} bytes"));
-    }
-    if bufs.rcv.is_some_and(|r| rcv < 2 * r) {
-        notes.push(format!("SO_RCVBUF capped by net.core.rmem_max: effective {rcv} bytes"));
-    }
-}
-
-fn effective_bufs(s: &TcpStream) -> Option<(usize, usize)> {
-    let r = SockRef::from(s);
-    Some((r.send_buffer_size().ok()?, r.recv_buffer_size().ok()?))
+    net::server_or_peer(peer, "TCP", |local| Server::start(local, prespawn).map(|s| (s.addr, s)))
 }
 
 fn where_note(server: &Option<Server>, addr: SocketAddr) -> String {
@@ -619,83 +393,62 @@ fn finish_server(server: Option<Server>, r: &mut WorkloadResult) {
 // ---------------------------------------------------------------------------------------------
 // tcp-stream
 
-struct StreamOut {
-    bytes: u64,
-    msgs: u64,
-    failed: u64,
+/// A stream worker's own counts, beside its tally (`ok` = whole messages, `bytes` = what its sends
+/// accepted).
+#[derive(Default)]
+struct StreamOwn {
+    /// What the receivers counted and reported back.
     receiver: u64,
+    /// Sent on connections that failed before their receiver could report.
     unconfirmed: u64,
     connections: u64,
     retrans: u64,
     eof: u64,
-    elapsed: Duration,
     effective: Option<(usize, usize)>,
-    errors: Errors,
 }
 
 /// Connect and send the header; a failure is counted and leaves no connection.
-fn open(
-    addr: SocketAddr,
-    bufs: Bufs,
-    linger0: bool,
-    header: &[u8],
-    errors: &mut Errors,
-    failed: &mut u64,
-) -> Option<TcpStream> {
+fn open(addr: SocketAddr, bufs: SockBufs, linger0: bool, header: &[u8], t: &mut Tally) -> Option<TcpStream> {
     match connect_to(addr, bufs, linger0).and_then(|mut s| s.write_all(header).map(|()| s)) {
         Ok(s) => Some(s),
         Err(e) => {
-            errors.record(&e);
-            *failed += 1;
+            t.fail(&e);
             None
         }
     }
 }
 
-fn stream_worker(p: &StreamPlan, addr: SocketAddr, ctl: &Ctl) -> StreamOut {
-    let mut o = StreamOut {
-        bytes: 0,
-        msgs: 0,
-        failed: 0,
-        receiver: 0,
-        unconfirmed: 0,
-        connections: 0,
-        retrans: 0,
-        eof: 0,
-        elapsed: Duration::ZERO,
-        effective: None,
-        errors: Errors::new(ctl.t0),
-    };
+fn stream_worker(p: &StreamPlan, addr: SocketAddr, ctl: &Ctl) -> (Tally, StreamOwn) {
+    let mut t = ctl.tally();
+    let mut o = StreamOwn::default();
     let header = Header::new(ConnKind::Stream, p.msg, 0, p.bufs).encode();
     let buf = vec![0x5a_u8; p.msg];
-    let mut conn = open(addr, p.bufs, false, &header, &mut o.errors, &mut o.failed);
+    let mut conn = open(addr, p.bufs, false, &header, &mut t);
     if let Some(s) = &conn {
         o.connections += 1;
         o.effective = effective_bufs(s);
     }
-    ctl.gate.arrive_and_wait();
-    let start = Instant::now();
+    let start = ctl.start();
     // Bytes sent on the current connection: confirmed by the receiver's count when it closes.
     let mut conn_bytes = 0u64;
     while !ctl.stopped() {
         let Some(s) = conn.as_mut() else {
-            ctl.pause();
-            conn = open(addr, p.bufs, false, &header, &mut o.errors, &mut o.failed);
+            ctl.pause(RECONNECT_PAUSE);
+            conn = open(addr, p.bufs, false, &header, &mut t);
             o.connections += conn.is_some() as u64;
             continue;
         };
         match s.write(&buf) {
             Ok(n) => {
                 conn_bytes += n as u64;
-                o.msgs += (n == buf.len()) as u64;
+                t.ok += (n == buf.len()) as u64;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
-                o.errors.record(&e);
-                o.failed += 1;
-                if !transient(&e) {
+                t.fail(&e);
+                if !ctl.retry_after(&e) {
                     o.retrans += retransmits(s);
-                    o.bytes += conn_bytes;
+                    t.bytes += conn_bytes;
                     o.unconfirmed += conn_bytes;
                     conn_bytes = 0;
                     conn = None;
@@ -703,8 +456,8 @@ fn stream_worker(p: &StreamPlan, addr: SocketAddr, ctl: &Ctl) -> StreamOut {
             }
         }
     }
-    o.elapsed = start.elapsed();
-    o.bytes += conn_bytes;
+    t.elapsed = start.elapsed();
+    t.bytes += conn_bytes;
     if let Some(mut s) = conn {
         o.retrans += retransmits(&s);
         // Half-close, then the receiver reports what it got.
@@ -721,16 +474,14 @@ fn stream_worker(p: &StreamPlan, addr: SocketAddr, ctl: &Ctl) -> StreamOut {
         match res {
             Ok(n) => o.receiver += n,
             Err(e) => {
-                o.errors.record(&e);
-                o.failed += 1;
+                t.fail(&e);
                 o.unconfirmed += conn_bytes;
             }
         }
     }
-    o
+    (t, o)
 }
 
-/// `fraglab workload tcp-stream`.
 /// Check options without opening a socket: what `fraglab run` does before it fragments.
 pub fn validate(kind: &super::Kind) -> Result<()> {
     match kind {
@@ -740,6 +491,7 @@ pub fn validate(kind: &super::Kind) -> Result<()> {
     }
 }
 
+/// `fraglab workload tcp-stream`.
 pub fn stream(a: &StreamArgs) -> Result<WorkloadResult> {
     stream_until(a, &AtomicBool::new(false))
 }
@@ -747,45 +499,28 @@ pub fn stream(a: &StreamArgs) -> Result<WorkloadResult> {
 /// [`stream`], ended early when `stop` (the run's stop flag) is raised.
 pub fn stream_until(a: &StreamArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = StreamPlan::resolve(a)?;
-    let mut r = WorkloadResult::new("tcp-stream", serde_json::to_value(a)?, wall_now());
+    let r = WorkloadResult::new("tcp-stream", serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
     let (addr, server) = target(p.peer, p.threads + 1)?;
-    let d = drive(p.threads, p.duration, t0, stop, |ctl| stream_worker(&p, addr, ctl));
+    let d = net::drive("tcp", p.threads, Some(p.duration), t0, stop, |ctl| stream_worker(&p, addr, ctl));
+    let mut m = d.merge(r, Rate::Mbit, |r| r.bytes);
+    m.mark_if_stopped(&a.duration);
+    let per_thread = m.rates_rounded();
+    let r = &mut m.result;
 
-    // Failures of the driver itself (a worker thread that could not be spawned).
-    let mut errors = d.errors;
-    r.failed = errors.total();
-    let (mut sent, mut received, mut unconfirmed, mut conns, mut eof, mut retrans) = (0, 0, 0, 0, 0, 0);
-    let mut per_thread = Vec::with_capacity(d.outs.len());
-    let mut window = Duration::ZERO;
+    let (mut received, mut unconfirmed, mut conns, mut eof, mut retrans) = (0, 0, 0, 0, 0);
     let mut effective = None;
-    for o in d.outs {
-        sent += o.bytes;
+    for o in &m.own {
         received += o.receiver;
         unconfirmed += o.unconfirmed;
         conns += o.connections;
         eof += o.eof;
         retrans += o.retrans;
-        r.ok += o.msgs;
-        r.failed += o.failed;
-        window = window.max(o.elapsed);
         effective = effective.or(o.effective);
-        let secs = o.elapsed.as_secs_f64().max(1e-9);
-        per_thread.push(round1(o.bytes as f64 * 8.0 / secs / 1e6));
-        errors.merge(o.errors);
     }
-    let secs = window.as_secs_f64().max(1e-9);
-    r.duration_s = secs;
-    r.bytes = sent;
-    r.throughput_mbit = Some(sent as f64 * 8.0 / secs / 1e6);
-    r.ops_per_sec = Some(r.ok as f64 / secs);
-    r.per_worker = Spread::of(&per_thread);
-    r.cpu = d.cpu.as_ref().map(|(c0, c1)| c0.until(c1, sent));
-    r.errors = errors.into_vec();
-    r.rusage = d.rusage;
     r.details.insert("server".into(), json!(addr.to_string()));
     r.details.insert("connections".into(), json!(conns));
-    r.details.insert("sender_bytes".into(), json!(sent));
+    r.details.insert("sender_bytes".into(), json!(r.bytes));
     r.details.insert("receiver_bytes".into(), json!(received));
     r.details.insert("per_thread_mbit".into(), json!(per_thread));
     r.details.insert("retransmits".into(), json!(retrans));
@@ -812,49 +547,28 @@ pub fn stream_until(a: &StreamArgs, stop: &AtomicBool) -> Result<WorkloadResult>
     if conns == 0 || r.failed > 0 {
         r.notes.push("a worker without a connection retries every 10 ms until the duration ends".into());
     }
-    if d.stopped {
-        r.mark_stopped(format_args!("{secs:.1} s of the {} asked for", a.duration));
-    }
-    buf_notes(p.bufs, effective, &mut r.notes);
-    finish_server(server, &mut r);
-    Ok(r)
+    p.bufs.notes(effective, &mut r.notes);
+    finish_server(server, r);
+    Ok(m.result)
 }
 
 // ---------------------------------------------------------------------------------------------
 // tcp-rr and tcp-crr
 
-struct RrOut {
-    ok: u64,
-    failed: u64,
+/// An rr or crr client's own counts, beside its tally (`ok` = transactions, `bytes` = requests'
+/// payload, latency = one transaction).
+struct RrOwn {
     connections: u64,
     retrans: u64,
     eof: u64,
-    elapsed: Duration,
-    latency: Histogram<u64>,
+    /// crr: the connect() alone.
     connect: Histogram<u64>,
     effective: Option<(usize, usize)>,
-    errors: Errors,
 }
 
-impl RrOut {
-    fn new(ctl: &Ctl) -> RrOut {
-        RrOut {
-            ok: 0,
-            failed: 0,
-            connections: 0,
-            retrans: 0,
-            eof: 0,
-            elapsed: Duration::ZERO,
-            latency: latency_histogram(),
-            connect: latency_histogram(),
-            effective: None,
-            errors: Errors::new(ctl.t0),
-        }
-    }
-
-    fn fail(&mut self, e: &io::Error) {
-        self.errors.record(e);
-        self.failed += 1;
+impl RrOwn {
+    fn new() -> RrOwn {
+        RrOwn { connections: 0, retrans: 0, eof: 0, connect: latency_histogram(), effective: None }
     }
 }
 
@@ -869,131 +583,111 @@ fn transact(s: &mut TcpStream, req: &[u8], resp: &mut [u8], eof: &mut u64) -> io
     }
 }
 
-fn rr_worker(p: &RrPlan, addr: SocketAddr, ctl: &Ctl) -> RrOut {
-    let mut o = RrOut::new(ctl);
+fn rr_worker(p: &RrPlan, addr: SocketAddr, ctl: &Ctl) -> (Tally, RrOwn) {
+    let mut t = ctl.tally();
+    let mut o = RrOwn::new();
     let header = Header::new(ConnKind::Rr, p.req, p.resp, p.bufs).encode();
     let req = vec![0x5a_u8; p.req];
     let mut resp = vec![0_u8; p.resp];
-    let mut conn = open(addr, p.bufs, false, &header, &mut o.errors, &mut o.failed);
+    let mut conn = open(addr, p.bufs, false, &header, &mut t);
     if let Some(s) = &conn {
         o.connections += 1;
         o.effective = effective_bufs(s);
     }
-    ctl.gate.arrive_and_wait();
-    let start = Instant::now();
+    let start = ctl.start();
     while !ctl.stopped() {
         let Some(s) = conn.as_mut() else {
-            ctl.pause();
-            conn = open(addr, p.bufs, false, &header, &mut o.errors, &mut o.failed);
+            ctl.pause(RECONNECT_PAUSE);
+            conn = open(addr, p.bufs, false, &header, &mut t);
             o.connections += conn.is_some() as u64;
             continue;
         };
-        let t = Instant::now();
+        let began = Instant::now();
         match transact(s, &req, &mut resp, &mut o.eof) {
-            Ok(()) => {
-                o.latency.saturating_record(micros(t.elapsed()));
-                o.ok += 1;
-            }
+            Ok(()) => t.done(began, p.req as u64),
+            // Whatever the errno, not retried on this connection: a byte stream that failed
+            // mid-transaction may hold part of a request or response, and the next one would be
+            // read out of step.
             Err(e) => {
-                o.fail(&e);
+                t.fail(&e);
                 o.retrans += retransmits(s);
                 conn = None;
             }
         }
     }
-    o.elapsed = start.elapsed();
+    t.elapsed = start.elapsed();
     if let Some(s) = &conn {
         o.retrans += retransmits(s);
     }
-    o
+    (t, o)
 }
 
-fn crr_worker(p: &RrPlan, addr: SocketAddr, ctl: &Ctl) -> RrOut {
-    let mut o = RrOut::new(ctl);
+fn crr_worker(p: &RrPlan, addr: SocketAddr, ctl: &Ctl) -> (Tally, RrOwn) {
+    let mut t = ctl.tally();
+    let mut o = RrOwn::new();
     // Header and request go out in one send().
     let mut first = Header::new(ConnKind::Crr, p.req, p.resp, p.bufs).encode().to_vec();
     first.resize(HEADER_LEN + p.req, 0x5a);
     let mut resp = vec![0_u8; p.resp];
-    ctl.gate.arrive_and_wait();
-    let start = Instant::now();
+    let start = ctl.start();
     while !ctl.stopped() {
-        let t = Instant::now();
+        let began = Instant::now();
         let mut s = match connect_to(addr, p.bufs, true) {
             Ok(s) => s,
             Err(e) => {
-                o.fail(&e);
-                ctl.pause();
+                t.fail(&e);
+                ctl.pause(RECONNECT_PAUSE);
                 continue;
             }
         };
-        o.connect.saturating_record(micros(t.elapsed()));
+        record_latency(&mut o.connect, began.elapsed());
         o.connections += 1;
         if o.effective.is_none() {
             o.effective = effective_bufs(&s);
         }
         match transact(&mut s, &first, &mut resp, &mut o.eof) {
-            Ok(()) => {
-                o.latency.saturating_record(micros(t.elapsed()));
-                o.ok += 1;
-            }
-            Err(e) => o.fail(&e),
+            Ok(()) => t.done(began, p.req as u64),
+            Err(e) => t.fail(&e),
         }
         // SO_LINGER 0: close() sends an RST and leaves no TIME_WAIT behind.
         drop(s);
     }
-    o.elapsed = start.elapsed();
-    o
+    t.elapsed = start.elapsed();
+    (t, o)
 }
 
 fn rr_like(a: &RrArgs, crr: bool, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = RrPlan::resolve(a)?;
     let kind = if crr { "tcp-crr" } else { "tcp-rr" };
-    let mut r = WorkloadResult::new(kind, serde_json::to_value(a)?, wall_now());
+    let r = WorkloadResult::new(kind, serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
     let (addr, server) = target(p.peer, p.clients + 1)?;
-    let d = drive(p.clients, p.duration, t0, stop, |ctl| {
+    let d = net::drive("tcp", p.clients, Some(p.duration), t0, stop, |ctl| {
         if crr {
             crr_worker(&p, addr, ctl)
         } else {
             rr_worker(&p, addr, ctl)
         }
     });
+    let mut m = d.merge(r, Rate::Ops, |_| 0);
+    m.mark_if_stopped(&a.duration);
+    let per_client = m.rates_rounded();
+    let r = &mut m.result;
 
-    // Failures of the driver itself (a worker thread that could not be spawned).
-    let mut errors = d.errors;
-    r.failed = errors.total();
-    let mut latency = latency_histogram();
     let mut connect = latency_histogram();
     let (mut conns, mut eof, mut retrans) = (0, 0, 0);
-    let mut per_client = Vec::with_capacity(d.outs.len());
-    let mut window = Duration::ZERO;
     let mut effective = None;
-    for o in d.outs {
-        r.ok += o.ok;
-        r.failed += o.failed;
+    for o in &m.own {
         conns += o.connections;
         eof += o.eof;
         retrans += o.retrans;
-        window = window.max(o.elapsed);
         effective = effective.or(o.effective);
-        per_client.push(round1(o.ok as f64 / o.elapsed.as_secs_f64().max(1e-9)));
-        latency.add(&o.latency).expect("histograms share bounds");
         connect.add(&o.connect).expect("histograms share bounds");
-        errors.merge(o.errors);
     }
-    let secs = window.as_secs_f64().max(1e-9);
-    r.duration_s = secs;
-    r.bytes = r.ok * p.req as u64;
-    r.ops_per_sec = Some(r.ok as f64 / secs);
-    r.per_worker = Spread::of(&per_client);
-    r.latency_us = Latency::of(&latency);
-    r.cpu = d.cpu.as_ref().map(|(c0, c1)| c0.until(c1, 0));
     if let (Some(cpu), true) = (&r.cpu, r.ok > 0) {
         r.details
-            .insert("service_demand_us_per_tran".into(), json!(service_demand_per_op(cpu, d.wall, r.ok)));
+            .insert("service_demand_us_per_tran".into(), json!(service_demand_per_op(cpu, m.wall, r.ok)));
     }
-    r.errors = errors.into_vec();
-    r.rusage = d.rusage;
     r.details.insert("server".into(), json!(addr.to_string()));
     r.details.insert("connections".into(), json!(conns));
     r.details.insert("transactions".into(), json!(r.ok));
@@ -1031,12 +725,9 @@ fn rr_like(a: &RrArgs, crr: bool, stop: &AtomicBool) -> Result<WorkloadResult> {
     if r.failed > 0 {
         r.notes.push("a client whose connect fails retries every 10 ms until the duration ends".into());
     }
-    if d.stopped {
-        r.mark_stopped(format_args!("{secs:.1} s of the {} asked for", a.duration));
-    }
-    buf_notes(p.bufs, effective, &mut r.notes);
-    finish_server(server, &mut r);
-    Ok(r)
+    p.bufs.notes(effective, &mut r.notes);
+    finish_server(server, r);
+    Ok(m.result)
 }
 
 /// Busy CPU µs per operation over the run, netperf's RR service demand (µs/Tr).
@@ -1079,32 +770,39 @@ struct Shared {
     bytes: AtomicU64,
     transactions: AtomicU64,
     bad_headers: AtomicU64,
-    /// Touched only when a connection fails, never per message.
-    errors: Mutex<Errors>,
+    errors: ServerErrors,
 }
 
 impl Shared {
     fn record(&self, e: &io::Error) {
-        self.errors.lock().unwrap().record(e);
+        self.errors.record(e);
     }
 }
 
-struct Server {
-    addr: SocketAddr,
+/// The TCP server side: reads a connection's header, then serves it as its kind asks. In-process for
+/// the workloads; `fraglab serve` runs it for a client on another host.
+pub(super) struct Server {
+    /// Where it listens (the port the kernel chose for port 0).
+    pub(super) addr: SocketAddr,
     shared: Arc<Shared>,
 }
 
-struct ServerReport {
-    conns: [u64; 3],
-    bytes: u64,
-    transactions: u64,
-    bad_headers: u64,
-    errors: Vec<ErrnoCount>,
-    lingering: usize,
+/// What the server side saw.
+pub(super) struct ServerReport {
+    /// Connections by kind: stream, rr, crr.
+    pub(super) conns: [u64; 3],
+    pub(super) bytes: u64,
+    pub(super) transactions: u64,
+    pub(super) bad_headers: u64,
+    pub(super) errors: Vec<ErrnoCount>,
+    /// Server threads still running when it stopped waiting for them.
+    pub(super) lingering: usize,
 }
 
 impl Server {
-    fn start(addr: SocketAddr, acceptors: usize) -> io::Result<Server> {
+    /// Listen on `addr` with `acceptors` threads waiting in accept() (more are started as they are
+    /// taken).
+    pub(super) fn start(addr: SocketAddr, acceptors: usize) -> io::Result<Server> {
         let listener = listen_on(addr)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -1116,7 +814,7 @@ impl Server {
             bytes: AtomicU64::new(0),
             transactions: AtomicU64::new(0),
             bad_headers: AtomicU64::new(0),
-            errors: Mutex::new(Errors::new(Instant::now())),
+            errors: ServerErrors::new(),
         });
         spawn_acceptor(&shared)?;
         for _ in 1..acceptors.clamp(1, SERVER_MAX_IDLE) {
@@ -1132,14 +830,13 @@ impl Server {
             bytes: sh.bytes.load(Relaxed),
             transactions: sh.transactions.load(Relaxed),
             bad_headers: sh.bad_headers.load(Relaxed),
-            errors: std::mem::replace(&mut *sh.errors.lock().unwrap(), Errors::new(Instant::now()))
-                .into_vec(),
+            errors: sh.errors.take(),
             lingering: sh.live.load(Relaxed),
         }
     }
 
     /// Stop accepting, give running connections up to 2 s to end, and report.
-    fn stop(self) -> ServerReport {
+    pub(super) fn stop(self) -> ServerReport {
         self.shared.stop.store(true, Relaxed);
         // shutdown(SHUT_RD) on a listener wakes every thread blocked in accept() (with EINVAL).
         let _ = SockRef::from(&self.shared.listener).shutdown(Shutdown::Read);
@@ -1216,11 +913,11 @@ fn handle(mut s: TcpStream, sh: &Shared, scratch: &mut Vec<u8>) {
             return;
         }
     };
-    let bufs = Bufs {
+    let bufs = SockBufs {
         snd: (h.bufs_snd > 0).then_some(h.bufs_snd as usize),
         rcv: (h.bufs_rcv > 0).then_some(h.bufs_rcv as usize),
     };
-    if let Err(e) = set_bufs(&SockRef::from(&s), bufs) {
+    if let Err(e) = bufs.apply(&s) {
         sh.record(&e);
     }
     sh.conns[h.kind as usize].fetch_add(1, Relaxed);
@@ -1283,109 +980,10 @@ fn serve_rr(mut s: TcpStream, h: Header, sh: &Shared, scratch: &mut Vec<u8>) {
     sh.transactions.fetch_add(done, Relaxed);
 }
 
-/// `fraglab serve`: the server side for `--peer`, until SIGINT/SIGTERM or `--duration`. Every flag
-/// is checked first; then, for `--proto sctp` on a kernel without SCTP, it says so and exits 125.
-/// [`ServeArgs`] alone is `--proto tcp`.
-pub fn serve(a: impl Into<ServeCommand>) -> Result<ExitCode> {
-    let a = a.into();
-    let addr = opts::address(TCP, "--listen", &a.common.listen)?;
-    let duration = a.common.duration.as_deref().map(|d| opts::duration(TCP, "--duration", d)).transpose()?;
-    let sctp = match a.proto {
-        Proto::Sctp => Some(a.sctp.resolve()?),
-        Proto::Tcp => match a.sctp.first_given() {
-            Some(flag) => anyhow::bail!("{flag}: only with --proto sctp"),
-            None => None,
-        },
-    };
-    if sctp.is_some() {
-        if let Err(e) = super::sctp::check_kernel() {
-            if e.downcast_ref::<super::Unsupported>().is_some() {
-                eprintln!("fraglab: {e:#}");
-                return Ok(ExitCode::from(crate::EXIT_UNSUPPORTED));
-            }
-            return Err(e);
-        }
-    }
-    let term = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // A second signal while the server winds down ends fraglab at once (128 + the signal).
-        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&term))
-            .context("installing a signal handler")?;
-        signal_hook::flag::register(sig, Arc::clone(&term)).context("installing a signal handler")?;
-    }
-    let until = match duration {
-        Some(d) => format!("for {}", humantime::format_duration(d)),
-        None => "until SIGINT/SIGTERM".into(),
-    };
-    let wait = || {
-        let start = Instant::now();
-        while !term.load(Relaxed) && duration.is_none_or(|d| start.elapsed() < d) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        start
-    };
-    if let Some(o) = sctp {
-        return serve_sctp(addr, o, &until, wait);
-    }
-    let server = Server::start(addr, 4).with_context(|| format!("listening on {addr}"))?;
-    println!("fraglab serve: listening on {} (tcp-stream, tcp-rr, tcp-crr) {until}", server.addr);
-    io::stdout().flush()?;
-    let start = wait();
-    let rep = server.stop();
-    let [stream, rr, crr] = rep.conns;
-    println!(
-        "fraglab serve: {:.1} s, {} connections (stream {stream}, rr {rr}, crr {crr}), {} received, \
-         {} transactions, {} bad headers",
-        start.elapsed().as_secs_f64(),
-        stream + rr + crr,
-        format_size(rep.bytes),
-        rep.transactions,
-        rep.bad_headers
-    );
-    print_errors(&rep.errors);
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `fraglab serve --proto sctp`: [`super::sctp::Server`], the workloads' own server, on `addr`.
-fn serve_sctp(
-    addr: SocketAddr,
-    o: super::sctp::ServerOpts,
-    until: &str,
-    wait: impl FnOnce() -> Instant,
-) -> Result<ExitCode> {
-    let what = o.describe();
-    let server = super::sctp::Server::start(addr, o).with_context(|| format!("listening on SCTP {addr}"))?;
-    println!(
-        "fraglab serve: listening on {} (SCTP {what}: sctp-connect, sctp-stream, sctp-rr) {until}",
-        server.addr()
-    );
-    io::stdout().flush()?;
-    let start = wait();
-    // Open associations get up to 10 s to close; what is still open then is counted as unfinished.
-    let rep = server.stop();
-    println!(
-        "fraglab serve: {:.1} s, {} associations, {} messages ({}) received, {} replies, {} unfinished",
-        start.elapsed().as_secs_f64(),
-        rep.associations,
-        rep.messages,
-        format_size(rep.bytes),
-        rep.replies,
-        rep.unfinished
-    );
-    print_errors(&rep.errors);
-    Ok(ExitCode::SUCCESS)
-}
-
-fn print_errors(errors: &[ErrnoCount]) {
-    for e in errors {
-        println!("  error {} ({}) × {}, first at {:.3} s", e.errno, e.code, e.count, e.first_seen_s);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::{CommandFactory, Parser};
+    use clap::Parser;
 
     #[derive(Parser)]
     struct S {
@@ -1397,17 +995,10 @@ mod tests {
         #[command(flatten)]
         a: RrArgs,
     }
-    #[derive(Parser)]
-    struct V {
-        #[command(flatten)]
-        a: ServeArgs,
-    }
-
     #[test]
     fn serde_defaults_equal_clap_defaults() {
         assert_eq!(S::parse_from(["x"]).a, StreamArgs::default());
         assert_eq!(R::parse_from(["x"]).a, RrArgs::default());
-        assert_eq!(V::parse_from(["x"]).a, ServeArgs::default());
         let s: StreamArgs = toml::from_str("threads = 8\nmsg = \"1452\"").unwrap();
         assert_eq!(s, StreamArgs { threads: 8, msg: "1452".into(), ..Default::default() });
         let s: StreamArgs = toml::from_str("msg = 65536\nsndbuf = 200000").unwrap();
@@ -1415,71 +1006,6 @@ mod tests {
         let r: RrArgs = toml::from_str("").unwrap();
         assert_eq!(r, RrArgs::default());
         assert!(toml::from_str::<RrArgs>("clients = 2\nthreads = 3").is_err(), "unknown field refused");
-    }
-
-    #[derive(Parser)]
-    struct C {
-        #[command(flatten)]
-        a: ServeCommand,
-    }
-
-    #[test]
-    fn serve_parses_both_protocols() {
-        use super::super::sctp::Style;
-        C::command().debug_assert();
-        assert_eq!(C::parse_from(["x"]).a, ServeCommand::from(ServeArgs::default()));
-        let a = C::parse_from([
-            "x",
-            "--proto",
-            "sctp",
-            "--listen",
-            "127.0.0.1:9",
-            "--streams",
-            "65535",
-            "--style",
-            "one-to-many",
-            "--rcvbuf",
-            "1MiB",
-        ])
-        .a;
-        assert_eq!(
-            (a.proto, a.common.listen.as_str(), a.common.duration),
-            (Proto::Sctp, "127.0.0.1:9", None)
-        );
-        assert_eq!((a.sctp.streams, a.sctp.style), (Some(65535), Some(Style::OneToMany)));
-        assert_eq!((a.sctp.sndbuf, a.sctp.rcvbuf.as_deref()), (None, Some("1MiB")));
-    }
-
-    /// Every flag is checked before the kernel is asked for SCTP; without SCTP (this host) serve says
-    /// so and exits 125, as the sctp workloads do.
-    #[test]
-    fn serve_checks_flags_then_the_kernel() {
-        fn err(args: &[&str]) -> String {
-            let a = C::try_parse_from([&["x"][..], args].concat()).unwrap().a;
-            serve(a).unwrap_err().to_string()
-        }
-        fn sctp<'a>(more: &[&'a str]) -> Vec<&'a str> {
-            [&["--proto", "sctp", "--listen", "127.0.0.1:0"][..], more].concat()
-        }
-        assert_eq!(err(&["--streams", "65535"]), "--streams: only with --proto sctp");
-        assert_eq!(err(&["--sndbuf", "64KiB"]), "--sndbuf: only with --proto sctp");
-        assert_eq!(
-            err(&sctp(&["--streams", "0"])),
-            "--streams 0: must be 1 to 65535 (SCTP stream numbers are 16-bit)"
-        );
-        assert_eq!(err(&sctp(&["--rcvbuf", "2GiB"])), "--rcvbuf 2GiB: a socket buffer is 1 byte to 1 GiB");
-        assert_eq!(
-            err(&sctp(&["--duration", "0s"])),
-            "--duration: \"0s\" is zero; give a positive duration like 10s"
-        );
-        assert_eq!(
-            err(&["--proto", "sctp", "--listen", "nohost"]),
-            "--listen: \"nohost\" is not HOST:PORT (invalid socket address)"
-        );
-        if !super::super::sctp::kernel_has_sctp() {
-            let a = C::try_parse_from([&["x"][..], &sctp(&["--duration", "1s"])].concat()).unwrap().a;
-            assert_eq!(serve(a).unwrap(), ExitCode::from(crate::EXIT_UNSUPPORTED));
-        }
     }
 
     #[test]
@@ -1501,7 +1027,7 @@ mod tests {
 
     #[test]
     fn header_round_trip() {
-        let bufs = Bufs { snd: Some(200000), rcv: None };
+        let bufs = SockBufs { snd: Some(200000), rcv: None };
         for kind in [ConnKind::Stream, ConnKind::Rr, ConnKind::Crr] {
             let h = Header::new(kind, MAX_MSG as usize, 256, bufs);
             assert_eq!(Header::decode(&h.encode()).unwrap(), h);
@@ -1518,7 +1044,7 @@ mod tests {
         assert!(Header::decode(&junk).is_err());
         junk[..20].copy_from_slice(b"GET / HTTP/1.1\r\nHost");
         assert!(Header::decode(&junk).is_err());
-        let mut bad = Header::new(ConnKind::Rr, 0, 1, Bufs::default()).encode();
+        let mut bad = Header::new(ConnKind::Rr, 0, 1, SockBufs::default()).encode();
         assert!(Header::decode(&bad).is_err(), "0-byte request refused");
         bad[HEADER_LEN - 1] = b' ';
         assert!(Header::decode(&bad).is_err());

@@ -23,8 +23,8 @@ use fraglab_fragmenter::sysctl::{self, Journal, Restored};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::exec::signal_name;
 use super::result::{latency_histogram, wall_now, Errors, Latency, Rusage, WorkloadResult};
+use super::signals::{signal_name, DeferSignals};
 use crate::units::{format_size, parse_size};
 
 /// Journal of the sysctls a trigger raised, in the run directory.
@@ -1018,61 +1018,6 @@ pub fn recover_if_stale(run_dir: &Path) -> Result<Vec<Restored>> {
         restored.extend(sysctl::recover_named(&dir, JOURNAL)?);
     }
     Ok(restored)
-}
-
-/// SIGINT, SIGTERM and SIGHUP blocked on this thread (and threads it spawns) until dropped: a Ctrl-C
-/// while sysctls are raised or a child runs is noticed with [`DeferSignals::pending`], cleaned up
-/// after, and then takes its default effect when the old mask comes back.
-pub(crate) struct DeferSignals {
-    old: libc::sigset_t,
-}
-
-const DEFERRED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
-
-impl DeferSignals {
-    pub(crate) fn block() -> DeferSignals {
-        // SAFETY: sigset_t is plain data, initialised by sigemptyset before use; pthread_sigmask
-        // only changes this thread's mask.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for s in DEFERRED {
-                libc::sigaddset(&mut set, s);
-            }
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-            DeferSignals { old }
-        }
-    }
-
-    /// The mask before [`DeferSignals::block`], for a child to start with.
-    pub(crate) fn original(&self) -> libc::sigset_t {
-        self.old
-    }
-
-    /// A deferred signal that arrived (and was not blocked before), if any.
-    pub(crate) fn pending(&self) -> Option<libc::c_int> {
-        // SAFETY: as above.
-        unsafe {
-            let mut p: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut p);
-            if libc::sigpending(&mut p) != 0 {
-                return None;
-            }
-            DEFERRED
-                .into_iter()
-                .find(|&s| libc::sigismember(&p, s) == 1 && libc::sigismember(&self.old, s) != 1)
-        }
-    }
-}
-
-impl Drop for DeferSignals {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask saved in block().
-        unsafe {
-            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
-        }
-    }
 }
 
 #[cfg(test)]
