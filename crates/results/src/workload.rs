@@ -272,6 +272,66 @@ pub fn wall_now() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
+/// The human summary of a result, as `fraglab workload` and `fraglab run` print it.
+pub fn summary(r: &WorkloadResult) -> String {
+    let mut o = format!("{} — {:.2} s, {} ok, {} failed\n", r.kind, r.duration_s, r.ok, r.failed);
+    if r.bytes > 0 {
+        o += &format!("  payload   {}", fraglab_units::format_size(r.bytes));
+        if let Some(t) = r.throughput_mbit {
+            o += &format!(", {t:.1} Mbit/s");
+        }
+        o += "\n";
+    }
+    if let Some(ops) = r.ops_per_sec {
+        o += &format!("  rate      {ops:.1} ops/s\n");
+    }
+    if let Some(s) = &r.per_worker {
+        o += &format!("  per worker min {:.1} / median {:.1} / max {:.1}\n", s.min, s.median, s.max);
+    }
+    if let Some(l) = &r.latency_us {
+        o += &format!(
+            "  latency µs  mean {:.1}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (n={})\n",
+            l.mean, l.p50, l.p90, l.p99, l.p999, l.max, l.count
+        );
+    }
+    if let Some(c) = &r.cpu {
+        o += &format!("  cpu       {:.1}% of {} CPUs", c.util_pct, c.cpus);
+        if let Some(sd) = c.service_demand_us_per_kb {
+            o += &format!(", service demand {sd:.3} µs/KB");
+        }
+        o += "\n";
+    }
+    for e in &r.errors {
+        o += &format!(
+            "  error     {} ({}) × {}, first at {:.3} s\n",
+            e.errno, e.code, e.count, e.first_seen_s
+        );
+    }
+    for (k, v) in &r.details {
+        o += &format!("  {k:<9} {}\n", plain(v));
+    }
+    for n in &r.notes {
+        o += &format!("  note: {n}\n");
+    }
+    o += &format!(
+        "  rusage    user {:.2} s, sys {:.2} s, maxrss {} KiB\n",
+        r.rusage.user_s, r.rusage.sys_s, r.rusage.maxrss_kb
+    );
+    o
+}
+
+/// A detail value as a person reads it: strings unquoted, lists joined, objects as `key value`
+/// pairs (`name fs.pipe-max-size, original 1048576, set_to 16777216`); the JSON keeps the structure.
+fn plain(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a.iter().map(plain).collect::<Vec<_>>().join("; "),
+        Value::Object(m) => m.iter().map(|(k, v)| format!("{k} {}", plain(v))).collect::<Vec<_>>().join(", "),
+        other => other.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,7 +47,7 @@ pub enum Command {
     Workload(WorkloadArgs),
     /// Serve the TCP or SCTP (`--proto sctp`) workloads' server side for a client on another host
     /// (`--peer`).
-    Serve(crate::workload::serve::ServeCommand),
+    Serve(fraglab_workload::serve::ServeCommand),
     /// Boot a kernel under test in qemu and run a fraglab command inside it.
     Vm(VmArgs),
     /// Read a saved dmesg / syslog / journal: allocation failures by order, mode, command and call
@@ -87,7 +87,7 @@ pub struct ManArgs {
 #[derive(Debug, Args)]
 pub struct WorkloadArgs {
     #[command(subcommand)]
-    pub kind: crate::workload::Kind,
+    pub kind: fraglab_workload::Kind,
     /// Print the result as JSON (the object `fraglab run` stores).
     #[arg(long, global = true)]
     pub json: bool,

@@ -10,20 +10,12 @@ pub mod progress;
 pub mod resolve;
 pub mod runplan;
 pub mod vm;
-pub mod workload;
-
-/// Until the workloads have their own crate, they reach units through this path.
-pub use fraglab_units as units;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
 use crate::exit::Exit;
-
-/// Exit status when the machine lacks something fraglab needs (a kernel feature, root); the
-/// workloads' own code says it with this until they take [`exit::Exit`].
-pub const EXIT_UNSUPPORTED: u8 = 125;
 
 pub fn main() -> ExitCode {
     let cli = cli::Cli::parse();
@@ -50,13 +42,14 @@ pub fn main() -> ExitCode {
         cli::Command::Status(args) => commands::fragment::status(args, &cli.run_dir),
         cli::Command::Release => commands::fragment::release(&cli.run_dir),
         cli::Command::Workload(args) => commands::workload::run(args),
-        cli::Command::Serve(args) => crate::workload::serve::serve(args).map(|code| {
-            if code == ExitCode::from(EXIT_UNSUPPORTED) {
-                Exit::CouldNotTest
-            } else {
-                Exit::Ok
+        cli::Command::Serve(args) => match fraglab_workload::serve::serve(args) {
+            Ok(()) => Ok(Exit::Ok),
+            Err(e) if e.downcast_ref::<fraglab_workload::Unsupported>().is_some() => {
+                eprintln!("fraglab: {e:#}");
+                Ok(Exit::CouldNotTest)
             }
-        }),
+            Err(e) => Err(e),
+        },
         cli::Command::Vm(args) => crate::vm::run(args),
         cli::Command::Scan(args) => commands::scan::run(args),
         cli::Command::Report(args) => commands::report::run(args),
@@ -112,8 +105,8 @@ fn recover_after_dead_fraglabs(run_dir: &std::path::Path) {
         eprintln!("fraglab: removed {} left by a fraglab that died", dir.display());
     }
     // Triggers journal apart from the fragmenter (they run while it holds the instance lock).
-    workload::trigger::set_run_dir(run_dir);
-    match workload::trigger::recover_if_stale(run_dir) {
+    fraglab_workload::trigger::set_run_dir(run_dir);
+    match fraglab_workload::trigger::recover_if_stale(run_dir) {
         Ok(restored) => say("trigger", restored),
         Err(e) => eprintln!("fraglab: could not restore a previous trigger's sysctls: {e:#}"),
     }

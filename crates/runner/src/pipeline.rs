@@ -72,7 +72,7 @@ pub fn run(
         let mut record = record;
         record.status = RunStatus::Incomplete;
         record.reason = format!("{e:#}");
-        record.finished = Some(crate::workload::result::wall_now());
+        record.finished = Some(fraglab_results::workload::wall_now());
         let _ = ResultsDir { dir: dir.clone() }.write_json("run.json", &record);
         e.context(format!("the run stopped part-way; what it had is in {}", dir.display()))
     });
@@ -183,7 +183,7 @@ fn pipeline(
                     let _ = g.look_now();
                 }
                 let start_ns = monotonic_ns();
-                let result = match crate::commands::workload::run_kind(&w.kind, &stop) {
+                let result = match fraglab_workload::run(&w.kind, &stop) {
                     Ok(r) => r,
                     Err(e) => {
                         let what = format!("{} at {} iteration {iteration}: {e:#}", w.kind_name, point.label);
@@ -200,7 +200,7 @@ fn pipeline(
                     }
                     _ => None,
                 };
-                eprint!("{}", crate::commands::workload::summary(&result));
+                eprint!("{}", fraglab_results::workload::summary(&result));
                 if let Some(t) = target.as_ref().filter(|t| !t.held) {
                     eprintln!("  target    {}", t.lost_text());
                 }
@@ -323,7 +323,7 @@ fn new_record(plan: &RunPlan) -> RunRecord {
         config_path: plan.config_path.display().to_string(),
         config: plan.config_text.clone(),
         plan: Some(plan.record.clone()),
-        started: crate::workload::result::wall_now(),
+        started: fraglab_results::workload::wall_now(),
         ..RunRecord::new(&plan.name)
     }
 }
@@ -640,7 +640,7 @@ fn finish(
     record.status = RunStatus::Complete;
     record.verdict = Some(verdict);
     record.reason = reason;
-    record.finished = Some(crate::workload::result::wall_now());
+    record.finished = Some(fraglab_results::workload::wall_now());
     results.write_json("run.json", &record)?;
     Ok((verdict, results))
 }
@@ -650,7 +650,7 @@ fn interrupted(results: ResultsDir, mut record: RunRecord, reason: String) -> Re
     record.status = RunStatus::Incomplete;
     record.verdict = Some(Verdict::Interrupted);
     record.reason = reason;
-    record.finished = Some(crate::workload::result::wall_now());
+    record.finished = Some(fraglab_results::workload::wall_now());
     results.write_json("run.json", &record)?;
     Ok((Verdict::Interrupted, results))
 }

@@ -10,10 +10,10 @@ use fraglab_probe::snapshot::Monitor;
 
 use crate::config::{Config, Source};
 use crate::resolve::{self, Machine};
-use crate::workload::Kind;
 use fraglab_results::point::{plain, Point};
 use fraglab_results::record::{PlanRecord, RunRecord, SweepAxis, WorkloadSpec};
 use fraglab_units::parse_duration;
+use fraglab_workload::Kind;
 
 /// Everything `fraglab run` will do, validated.
 #[derive(Debug)]
@@ -149,8 +149,9 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
             .to_string();
         let mut options = serde_json::to_value(table)?;
         options.as_object_mut().expect("a TOML table is an object").remove("kind");
-        let kind = kind_from_options(&kind_name, &options).map_err(|e| at_option(src, i, table, &e))?;
-        crate::workload::validate(&kind).map_err(|e| at_option(src, i, table, &e))?;
+        let kind =
+            fraglab_workload::from_options(&kind_name, &options).map_err(|e| at_option(src, i, table, &e))?;
+        fraglab_workload::validate(&kind).map_err(|e| at_option(src, i, table, &e))?;
         base.push((kind_name, options));
     }
 
@@ -168,8 +169,8 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
                     options[key.as_str()] = value.clone();
                 }
             }
-            let kind = kind_from_options(kind_name, &options)
-                .and_then(|k| crate::workload::validate(&k).map(|_| k))
+            let kind = fraglab_workload::from_options(kind_name, &options)
+                .and_then(|k| fraglab_workload::validate(&k).map(|_| k))
                 .map_err(|e| anyhow::anyhow!("{}: sweep point {label}: {e:#}", src.locate(&["sweep"])))?;
             workloads.push(Workload { kind_name: kind_name.clone(), kind });
         }
@@ -221,8 +222,9 @@ fn plan_record(
         .map(|(kind, options)| {
             // Every option with its default filled in, so one written out and one left to its
             // default compare equal; a kind this fraglab does not know keeps its options as written.
-            let resolved =
-                kind_from_options(kind, options).map(|k| kind_options(&k)).unwrap_or(options.clone());
+            let resolved = fraglab_workload::from_options(kind, options)
+                .map(|k| fraglab_workload::options(&k))
+                .unwrap_or(options.clone());
             WorkloadSpec { kind: kind.clone(), options: resolved.as_object().cloned().unwrap_or_default() }
         })
         .collect();
@@ -338,24 +340,10 @@ fn cross(axes: &[(String, Vec<serde_json::Value>)]) -> Vec<Vec<(String, serde_js
 /// Whether workload `kind_name` takes option `key`: its full option set is what its defaults
 /// serialize to.
 fn has_option(kind_name: &str, options: &serde_json::Value, key: &str) -> bool {
-    kind_from_options(kind_name, options)
+    fraglab_workload::from_options(kind_name, options)
         .ok()
-        .and_then(|k| serde_json::to_value(kind_options(&k)).ok())
+        .and_then(|k| serde_json::to_value(fraglab_workload::options(&k)).ok())
         .is_some_and(|v| v.get(key).is_some())
-}
-
-/// A workload's options as JSON, whatever its kind.
-pub fn kind_options(kind: &Kind) -> serde_json::Value {
-    let v = match kind {
-        Kind::SctpConnect(a) => serde_json::to_value(a),
-        Kind::SctpStream(a) => serde_json::to_value(a),
-        Kind::SctpRr(a) => serde_json::to_value(a),
-        Kind::TcpStream(a) => serde_json::to_value(a),
-        Kind::TcpRr(a) | Kind::TcpCrr(a) => serde_json::to_value(a),
-        Kind::Trigger(t) => serde_json::to_value(t),
-        Kind::Exec(a) => serde_json::to_value(a),
-    };
-    v.unwrap_or(serde_json::Value::Null)
 }
 
 /// A workload's option error, worded as on the command line (`--bytes 1GiB: …`), placed at the key
@@ -380,28 +368,8 @@ fn at_option(src: &Source, i: usize, table: &toml::Table, e: &anyhow::Error) -> 
     anyhow::anyhow!("{}: {text}", src.locate(&["workload", &i.to_string()]))
 }
 
-/// Build a typed workload from its kind name and options; serde rejects unknown options.
-pub fn kind_from_options(kind_name: &str, options: &serde_json::Value) -> Result<Kind> {
-    use crate::workload::{exec, sctp, tcp, trigger};
-    let o = options.clone();
-    Ok(match kind_name {
-        "sctp-connect" => Kind::SctpConnect(serde_json::from_value::<sctp::ConnectArgs>(o)?),
-        "sctp-stream" => Kind::SctpStream(serde_json::from_value::<sctp::StreamArgs>(o)?),
-        "sctp-rr" => Kind::SctpRr(serde_json::from_value::<sctp::RrArgs>(o)?),
-        "tcp-stream" => Kind::TcpStream(serde_json::from_value::<tcp::StreamArgs>(o)?),
-        "tcp-rr" => Kind::TcpRr(serde_json::from_value::<tcp::RrArgs>(o)?),
-        "tcp-crr" => Kind::TcpCrr(serde_json::from_value::<tcp::RrArgs>(o)?),
-        "trigger" => Kind::Trigger(serde_json::from_value::<trigger::Kind>(o)?),
-        "exec" => Kind::Exec(serde_json::from_value::<exec::ExecArgs>(o)?),
-        other => bail!(
-            "kind = {other:?} is not a workload; choose sctp-connect, sctp-stream, sctp-rr, tcp-stream, \
-             tcp-rr, tcp-crr, trigger or exec"
-        ),
-    })
-}
-
 fn known_errno(name: &str) -> bool {
-    (1..4096).any(|c| crate::workload::result::errno_name(c) == name)
+    (1..4096).any(|c| fraglab_results::workload::errno_name(c) == name)
 }
 
 /// The plan in words, for `--dry-run` (which adds what this machine lacks and the closing line). `mem_available` is the MemAvailable the plan was resolved

@@ -6,7 +6,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use fraglab::workload::result::WorkloadResult;
+use fraglab_results::workload::WorkloadResult;
 
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 

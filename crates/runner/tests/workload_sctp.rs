@@ -16,8 +16,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use fraglab::workload::result::WorkloadResult;
-use fraglab::workload::sctp::{self, ConnectArgs, RrArgs, StreamArgs, Style};
+use fraglab_results::workload::WorkloadResult;
+use fraglab_workload::sctp::{self, ConnectArgs, RrArgs, StreamArgs, Style};
 
 mod common;
 

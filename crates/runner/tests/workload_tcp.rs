@@ -9,8 +9,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use fraglab::workload::result::WorkloadResult;
-use fraglab::workload::tcp::{crr, crr_until, rr, rr_until, stream, stream_until, RrArgs, StreamArgs};
+use fraglab_results::workload::WorkloadResult;
+use fraglab_workload::tcp::{crr, crr_until, rr, rr_until, stream, stream_until, RrArgs, StreamArgs};
 use serde_json::Value;
 
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fraglab::workload::result::WorkloadResult;
+use fraglab_results::workload::WorkloadResult;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

@@ -26,11 +26,11 @@ use libc::c_int;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::net::{
+use crate::net::{
     self, effective_bufs, record_latency, Ctl, Rate, ServerErrors, SockBufs, Tally, MAX_WORKERS, RECV_BUF,
 };
-use super::opts::{self, opt_size_text, size_text, Wording};
-use super::result::{wall_now, ErrnoCount, Errors, WorkloadResult};
+use crate::opts::{self, opt_size_text, size_text, Wording};
+use fraglab_results::workload::{wall_now, ErrnoCount, Errors, WorkloadResult};
 
 // ---------------------------------------------------------------------------------------------
 // The kernel ABI (include/uapi/linux/sctp.h), checked against Debian's linux-libc-dev 6.1 header.
@@ -151,7 +151,7 @@ fn check_sctp() -> Result<()> {
     match Sock::new(libc::AF_INET, Style::OneToOne) {
         Ok(_) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) => {
-            Err(super::Unsupported(NO_SCTP.to_string()).into())
+            Err(crate::unsupported::Unsupported(NO_SCTP.to_string()).into())
         }
         Err(e) => Err(anyhow!("socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP): {e}")),
     }
@@ -825,7 +825,7 @@ impl ServerOpts {
     }
 }
 
-/// Whether the kernel can open an SCTP socket; without SCTP the error is [`super::Unsupported`],
+/// Whether the kernel can open an SCTP socket; without SCTP the error is [`crate::unsupported::Unsupported`],
 /// naming EPROTONOSUPPORT and what to do ([`NO_SCTP`]).
 pub fn check_kernel() -> Result<()> {
     check_sctp()
@@ -1400,14 +1400,20 @@ fn status_details(details: &mut BTreeMap<String, Value>, index: u64, s: &SctpSta
         .insert("sstat_primary".into(), json!({ "srtt_ms": srtt, "rto_ms": rto, "mtu": mtu, "cwnd": cwnd }));
 }
 
-/// Check options without opening a socket: what `fraglab run` does before it fragments.
-pub fn validate(kind: &super::Kind) -> Result<()> {
-    match kind {
-        super::Kind::SctpConnect(a) => ConnectPlan::resolve(a).map(drop),
-        super::Kind::SctpStream(a) => StreamPlan::resolve(a).map(drop),
-        super::Kind::SctpRr(a) => RrPlan::resolve(a).map(drop),
-        _ => Ok(()),
-    }
+/// Check sctp-connect's options without opening a socket: what `fraglab run` does before it
+/// fragments.
+pub fn validate_connect(a: &ConnectArgs) -> Result<()> {
+    ConnectPlan::resolve(a).map(drop)
+}
+
+/// Check sctp-stream's options without opening a socket.
+pub fn validate_stream(a: &StreamArgs) -> Result<()> {
+    StreamPlan::resolve(a).map(drop)
+}
+
+/// Check sctp-rr's options without opening a socket.
+pub fn validate_rr(a: &RrArgs) -> Result<()> {
+    RrPlan::resolve(a).map(drop)
 }
 
 /// `fraglab workload sctp-connect`: set up N associations with up to 65535 streams each.

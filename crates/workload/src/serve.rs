@@ -6,7 +6,6 @@
 
 use std::io::{self, Write};
 use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,10 +13,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::opts::{self, Wording};
-use super::result::ErrnoCount;
-use super::{sctp, tcp};
-use crate::units::format_size;
+use crate::opts::{self, Wording};
+use crate::{sctp, tcp};
+use fraglab_results::workload::ErrnoCount;
+use fraglab_units::format_size;
 
 /// `--listen` and `--duration` are refused in the tcp kinds' words, for either protocol; the SCTP
 /// server's own flags in the sctp kinds' (they are resolved by [`sctp::ServeArgs::resolve`]).
@@ -75,7 +74,7 @@ impl Default for ServeArgs {
 /// `fraglab serve`: the server side for `--peer`, until SIGINT/SIGTERM or `--duration`. Every flag
 /// is checked first; then, for `--proto sctp` on a kernel without SCTP, it says so and exits 125.
 /// [`ServeArgs`] alone is `--proto tcp`.
-pub fn serve(a: impl Into<ServeCommand>) -> Result<ExitCode> {
+pub fn serve(a: impl Into<ServeCommand>) -> Result<()> {
     let a = a.into();
     let addr = opts::address(WORDING, "--listen", &a.common.listen)?;
     let duration =
@@ -88,13 +87,8 @@ pub fn serve(a: impl Into<ServeCommand>) -> Result<ExitCode> {
         },
     };
     if sctp.is_some() {
-        if let Err(e) = sctp::check_kernel() {
-            if e.downcast_ref::<super::Unsupported>().is_some() {
-                eprintln!("fraglab: {e:#}");
-                return Ok(ExitCode::from(crate::EXIT_UNSUPPORTED));
-            }
-            return Err(e);
-        }
+        // No SCTP here is `Unsupported`: the binary says "could not test" (125).
+        sctp::check_kernel()?;
     }
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -121,7 +115,7 @@ pub fn serve(a: impl Into<ServeCommand>) -> Result<ExitCode> {
 }
 
 /// `fraglab serve` (`--proto tcp`): [`tcp::Server`], the tcp kinds' own server, on `addr`.
-fn serve_tcp(addr: SocketAddr, until: &str, wait: impl FnOnce() -> Instant) -> Result<ExitCode> {
+fn serve_tcp(addr: SocketAddr, until: &str, wait: impl FnOnce() -> Instant) -> Result<()> {
     let server = tcp::Server::start(addr, 4).with_context(|| format!("listening on {addr}"))?;
     println!("fraglab serve: listening on {} (tcp-stream, tcp-rr, tcp-crr) {until}", server.addr);
     io::stdout().flush()?;
@@ -139,7 +133,7 @@ fn serve_tcp(addr: SocketAddr, until: &str, wait: impl FnOnce() -> Instant) -> R
         rep.bad_headers
     );
     print_errors(&rep.errors);
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// `fraglab serve --proto sctp`: [`sctp::Server`], the sctp kinds' own server, on `addr`.
@@ -148,7 +142,7 @@ fn serve_sctp(
     o: sctp::ServerOpts,
     until: &str,
     wait: impl FnOnce() -> Instant,
-) -> Result<ExitCode> {
+) -> Result<()> {
     let what = o.describe();
     let server = sctp::Server::start(addr, o).with_context(|| format!("listening on SCTP {addr}"))?;
     println!(
@@ -169,7 +163,7 @@ fn serve_sctp(
         rep.unfinished
     );
     print_errors(&rep.errors);
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn print_errors(errors: &[ErrnoCount]) {
@@ -257,7 +251,8 @@ mod tests {
         );
         if !sctp::kernel_has_sctp() {
             let a = C::try_parse_from([&["x"][..], &sctp(&["--duration", "1s"])].concat()).unwrap().a;
-            assert_eq!(serve(a).unwrap(), ExitCode::from(crate::EXIT_UNSUPPORTED));
+            let e = serve(a).unwrap_err();
+            assert!(e.downcast_ref::<crate::unsupported::Unsupported>().is_some(), "{e:#}");
         }
     }
 }

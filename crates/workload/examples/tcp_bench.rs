@@ -14,8 +14,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fraglab::workload::result::CpuSample;
-use fraglab::workload::tcp::{stream, StreamArgs};
+use fraglab_results::workload::CpuSample;
+use fraglab_workload::tcp::{stream, StreamArgs};
 use serde_json::Value;
 
 const PORT: u16 = 52011;

@@ -23,9 +23,9 @@ use fraglab_fragmenter::sysctl::{self, Journal, Restored};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::result::{latency_histogram, wall_now, Errors, Latency, Rusage, WorkloadResult};
-use super::signals::{signal_name, DeferSignals};
-use crate::units::{format_size, parse_size};
+use crate::signals::{signal_name, DeferSignals};
+use fraglab_results::workload::{latency_histogram, wall_now, Errors, Latency, Rusage, WorkloadResult};
+use fraglab_units::{format_size, parse_size};
 
 /// Journal of the sysctls a trigger raised, in the run directory.
 pub const JOURNAL: &str = "trigger.journal";
@@ -237,7 +237,7 @@ pub fn run_in(kind: &Kind, run_dir: &Path, stop: &AtomicBool) -> Result<Workload
     // What this kernel lacks is found here, not in plan(): a config naming the kind is valid, and a
     // run gives "could not test" (125) for it rather than refusing the config (255).
     if matches!(plan.call, Call::Hugetlb { .. }) && !sysctl::path("vm.nr_hugepages").exists() {
-        return Err(super::Unsupported(
+        return Err(crate::unsupported::Unsupported(
             "this kernel has no hugetlb (no /proc/sys/vm/nr_hugepages): build it with CONFIG_HUGETLBFS"
                 .into(),
         )
@@ -782,7 +782,7 @@ impl CallState {
                 let sock = match socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) {
                     Ok(s) => s,
                     Err(e) if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) => {
-                        return Err(super::Unsupported(
+                        return Err(crate::unsupported::Unsupported(
                             "this kernel has no SCTP (socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP): EPROTONOSUPPORT): \
                              load the sctp module or use `fraglab vm`"
                                 .into(),
@@ -854,7 +854,7 @@ impl CallState {
                 if fd < 0 {
                     let e = io::Error::last_os_error();
                     if e.raw_os_error() == Some(libc::ENOSYS) {
-                        return Err(super::Unsupported(
+                        return Err(crate::unsupported::Unsupported(
                             "this kernel has no io_uring (io_uring_setup: ENOSYS)".into(),
                         )
                         .into());

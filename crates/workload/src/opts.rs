@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use serde::{Deserialize, Deserializer};
 
-use crate::units::{format_size, parse_duration, parse_size};
+use fraglab_units::{format_size, parse_duration, parse_size};
 
 /// How a family of workloads words its option errors (see the module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,7 +174,7 @@ mod tests {
     /// docs/workloads.md and users' scripts match them.
     #[test]
     fn refusals_keep_their_words() {
-        use super::super::{sctp, serve, tcp, validate, Kind};
+        use crate::{sctp, serve, tcp, validate, Kind};
         let ts = |f: fn(&mut tcp::StreamArgs)| {
             let mut a = tcp::StreamArgs::default();
             f(&mut a);

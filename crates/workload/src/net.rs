@@ -27,8 +27,8 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use socket2::SockRef;
 
-use super::opts::{self, Wording};
-use super::result::{
+use crate::opts::{self, Wording};
+use fraglab_results::workload::{
     latency_histogram, CpuSample, ErrnoCount, Errors, Latency, Rusage, Spread, WorkloadResult,
 };
 

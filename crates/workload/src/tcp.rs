@@ -39,13 +39,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 
-use super::net::{
+use crate::net::{
     self, effective_bufs, record_latency, Ctl, Rate, ServerErrors, SockBufs, Tally, MAX_WORKERS, RECV_BUF,
     WORKER_STACK,
 };
-use super::opts::{self, opt_size_text, size_text, Wording};
-use super::result::{latency_histogram, wall_now, Cpu, ErrnoCount, Latency, WorkloadResult};
-use crate::units::format_size;
+use crate::opts::{self, opt_size_text, size_text, Wording};
+use fraglab_results::workload::{latency_histogram, wall_now, Cpu, ErrnoCount, Latency, WorkloadResult};
+use fraglab_units::format_size;
 
 /// Length of the header line every connection opens with.
 pub const HEADER_LEN: usize = 64;
@@ -482,13 +482,15 @@ fn stream_worker(p: &StreamPlan, addr: SocketAddr, ctl: &Ctl) -> (Tally, StreamO
     (t, o)
 }
 
-/// Check options without opening a socket: what `fraglab run` does before it fragments.
-pub fn validate(kind: &super::Kind) -> Result<()> {
-    match kind {
-        super::Kind::TcpStream(a) => StreamPlan::resolve(a).map(drop),
-        super::Kind::TcpRr(a) | super::Kind::TcpCrr(a) => RrPlan::resolve(a).map(drop),
-        _ => Ok(()),
-    }
+/// Check tcp-stream's options without opening a socket: what `fraglab run` does before it
+/// fragments.
+pub fn validate_stream(a: &StreamArgs) -> Result<()> {
+    StreamPlan::resolve(a).map(drop)
+}
+
+/// Check tcp-rr's and tcp-crr's options without opening a socket.
+pub fn validate_rr(a: &RrArgs) -> Result<()> {
+    RrPlan::resolve(a).map(drop)
 }
 
 /// `fraglab workload tcp-stream`.

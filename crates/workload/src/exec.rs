@@ -23,9 +23,9 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::result::{wall_now, Errors, Rusage, WorkloadResult};
-use super::signals::{signal_name, DeferSignals};
-use crate::units::{format_size, parse_duration, parse_size};
+use crate::signals::{signal_name, DeferSignals};
+use fraglab_results::workload::{wall_now, Errors, Rusage, WorkloadResult};
+use fraglab_units::{format_size, parse_duration, parse_size};
 
 /// Between SIGTERM and SIGKILL to the command's process group.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
