@@ -61,8 +61,7 @@ impl RunData {
 
     /// The phase in which workload window `w` ran.
     pub fn workload_phase(&self, w: &WorkloadRecord) -> Option<&Phase> {
-        let window = w.window();
-        self.phases.iter().find(|p| p.workload.as_ref() == Some(&window))
+        self.phases.iter().find(|p| p.workload.as_ref().is_some_and(|window| w.ran_in(window)))
     }
 }
 

@@ -64,7 +64,7 @@ pub fn bands(r: &RunData) -> Vec<Band> {
     let mut out: Vec<Band> = Vec::new();
     for p in &r.phases {
         let secs = p.end - p.start;
-        if p.name.starts_with("workload ") {
+        if p.workload.is_some() {
             let mark = (p.start, format!("{} ({secs:.2} s)", p.name));
             match out.last_mut() {
                 Some(b) if b.name == "workloads" => {

@@ -88,8 +88,8 @@ pub struct Phase {
     pub workload: Option<Window>,
 }
 
-/// Which workload ran in a window: its kind, the sweep point, the iteration (from 1) and its index
-/// among the config's `[[workload]]` tables (from 0).
+/// Which workload ran in a window: its kind as the config names it (`trigger`), the sweep point,
+/// the iteration (from 1) and its index among the config's `[[workload]]` tables (from 0).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Window {
     pub kind: String,
@@ -234,14 +234,10 @@ pub struct WorkloadRecord {
 }
 
 impl WorkloadRecord {
-    /// Which window this was.
-    pub fn window(&self) -> Window {
-        Window {
-            kind: self.result.kind.clone(),
-            point: self.point.clone(),
-            iteration: self.iteration,
-            index: self.index,
-        }
+    /// Whether `window` is the phase this workload ran in. By point, iteration and index: the
+    /// window's kind is the config's (`trigger`), the result's may say more (`trigger pipe-resize`).
+    pub fn ran_in(&self, window: &Window) -> bool {
+        window.point == self.point && window.iteration == self.iteration && window.index == self.index
     }
 
     /// `sctp-stream msg=32KiB #2`, or `trigger #1` without a sweep.

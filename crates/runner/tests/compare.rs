@@ -444,3 +444,28 @@ fn a_newer_schema_is_refused_naming_it() {
     );
     let _ = std::fs::remove_dir_all(&b);
 }
+
+/// The summary and the report read a schema-1 directory too (the real 6.1 guest run, written before
+/// the results schema): its `k=v` labels and phase names come back as points and windows, so each
+/// workload's errors are placed on the time line of its own phase.
+#[test]
+fn the_report_reads_a_schema_1_run_and_places_its_windows() {
+    let frag = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/captures/pipe-highorder-6.1-fragmented");
+    let dir = scratch("schema1-report");
+    std::fs::create_dir_all(&dir).unwrap();
+    let html = dir.join("report.html");
+    let out = fraglab(&["report", frag.to_str().unwrap(), "-o", html.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let html = std::fs::read_to_string(&html).unwrap();
+    // The workload phases make one band, a mark per window.
+    for phase in ["workload trigger - #1 1 (", "workload trigger - #3 1 ("] {
+        assert!(html.contains(phase), "{phase} not marked");
+    }
+    // Every ENOMEM row has the time it happened on the run's axis: its window was found.
+    let rows: Vec<&str> = html.split("<tr>").filter(|r| r.contains("<td>ENOMEM</td>")).collect();
+    assert_eq!(rows.len(), 3, "one row per iteration");
+    for r in rows {
+        assert!(!r.contains(">–<"), "an ENOMEM row without its time: {r}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
