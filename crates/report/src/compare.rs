@@ -137,7 +137,11 @@ pub struct RunData {
 impl RunData {
     /// `run` under `label`. Its stored plan is used; a schema-1 run has none, and `legacy` resolves
     /// one from its config text (the binary's resolver, with today's defaults).
-    pub fn new(run: Run, label: &str, legacy: &dyn Fn(&RunRecord) -> Result<PlanRecord>) -> Result<RunData> {
+    pub fn new(
+        mut run: Run,
+        label: &str,
+        legacy: &dyn Fn(&RunRecord) -> Result<PlanRecord>,
+    ) -> Result<RunData> {
         let (plan, plan_from_text) = match &run.record.plan {
             Some(p) => (p.clone(), false),
             None => (
@@ -151,6 +155,16 @@ impl RunData {
                 true,
             ),
         };
+        if plan_from_text {
+            // A schema-1 label gives back text, or a number where the text reads as one; the config
+            // says which each value was (`msg = ["4096"]` is text). Take the plan's point of the same
+            // label, so the run lines up with a schema-2 run of the same config.
+            for w in &mut run.workloads {
+                if let Some(p) = plan.points.iter().find(|p| p.label() == w.point.label()) {
+                    w.point = p.clone();
+                }
+            }
+        }
         Ok(RunData {
             label: label.to_string(),
             dir: run.dir.clone(),
@@ -421,10 +435,10 @@ pub enum Better {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct MetricRow {
-    /// The sweep point, `{axis: value}` (empty without a sweep).
-    pub point: Point,
-    /// Its label for people (`threads=4`, `-` without a sweep).
-    pub point_label: String,
+    /// The sweep point's label (`threads=4`, `-` without a sweep).
+    pub point: String,
+    /// The sweep point itself, `{axis: value}` (empty without a sweep).
+    pub point_axes: Point,
     /// The workload's index in the config, from 0 as in workloads.json.
     pub index: usize,
     pub kind: String,
@@ -720,8 +734,8 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
                 })
                 .collect();
             metrics.push(MetricRow {
-                point: key.0.clone(),
-                point_label: key.0.label(),
+                point: key.0.label(),
+                point_axes: key.0.clone(),
                 index: key.1,
                 kind: key.2.clone(),
                 metric: name,

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Result;
 use fraglab_fragmenter::describe;
 use fraglab_probe::stack::group_by_caller;
-use fraglab_results::load::Run;
+use fraglab_results::load::{Run, Samples};
 use fraglab_results::point::Point;
 use fraglab_results::record::RunRecord;
 use fraglab_results::workload::WorkloadResult;
@@ -51,7 +51,7 @@ fn fragment_line(f: &fraglab_fragmenter::Status) -> String {
 
 /// The summary of the run in `dir`.
 pub fn render(dir: &Path) -> Result<String> {
-    Ok(render_run(&Run::load(dir)?))
+    Ok(render_run(&Run::load_with(dir, Samples::Ends)?))
 }
 
 /// The summary of a run read.

@@ -68,11 +68,14 @@ impl ResultsDir {
         self.write_json("run.json", &record)
     }
 
-    /// run.json, if it still says the run is `running`. A record this fraglab cannot read (another
-    /// schema) is left alone.
+    /// run.json, if it still says the run is `running`. A newer fraglab's record (a newer schema) is
+    /// left alone, for that fraglab to mark: this one would not know what it rewrites.
     fn running_record(&self) -> Result<Option<RunRecord>> {
         let path = self.dir.join("run.json");
         let text = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        if crate::load::schema_of(&text) > crate::SCHEMA {
+            return Ok(None);
+        }
         let record: RunRecord = crate::load::parse_run(&text, &path)?;
         Ok((record.status == RunStatus::Running).then_some(record))
     }
@@ -110,5 +113,49 @@ impl JsonLines {
         // A line at a time: a killed run keeps every complete line.
         self.out.flush()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str, run_json: &str) -> ResultsDir {
+        let dir = std::env::temp_dir().join(format!("fraglab-results-dir-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("run.json"), run_json).unwrap();
+        ResultsDir { dir }
+    }
+
+    fn read(d: &ResultsDir) -> serde_json::Value {
+        serde_json::from_slice(&fs::read(d.dir.join("run.json")).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_dead_run_is_marked_cut_short_keeping_what_this_fraglab_does_not_know() {
+        let d = dir(
+            "cut",
+            r#"{"schema": 2, "name": "r", "status": "running", "phase": "workload exec - #1 1",
+                "phases": [], "from_a_newer_fraglab": {"kept": true}}"#,
+        );
+        assert!(d.mark_cut_short("fraglab pid 7 died").unwrap());
+        let r = read(&d);
+        assert_eq!(r["status"], "incomplete");
+        assert_eq!(r["reason"], "fraglab pid 7 died; it was in phase `workload exec - #1 1`");
+        assert!(r.get("phase").is_none(), "{r}");
+        assert_eq!(r["from_a_newer_fraglab"]["kept"], true, "{r}");
+        assert!(!d.mark_cut_short("again").unwrap(), "marked once");
+        fs::remove_dir_all(&d.dir).unwrap();
+    }
+
+    #[test]
+    fn a_newer_schemas_running_record_is_left_for_its_fraglab() {
+        let text = r#"{"schema": 99, "name": "r", "status": "running", "shape": "unknown"}"#;
+        let d = dir("newer", text);
+        assert!(!d.mark_cut_short("fraglab pid 7 died").unwrap());
+        d.mark_phase("release").unwrap();
+        assert_eq!(fs::read_to_string(d.dir.join("run.json")).unwrap(), text, "untouched");
+        fs::remove_dir_all(&d.dir).unwrap();
     }
 }

@@ -31,10 +31,24 @@ pub struct Run {
     pub notes: Vec<String>,
 }
 
+/// How much of probe.jsonl to read: a long run's series can be gigabytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Samples {
+    /// Every line (the report draws them).
+    All,
+    /// The first and the last line only (compare's counter fallback); the summary needs no more.
+    Ends,
+}
+
 impl Run {
     /// Read `dir`. An error names the file and what to do; damage a killed run can leave (a torn
     /// last line, a missing snapshot) becomes a note instead.
     pub fn load(dir: &Path) -> Result<Run> {
+        Run::load_with(dir, Samples::All)
+    }
+
+    /// [`Run::load`], reading only as much of probe.jsonl as `samples` says.
+    pub fn load_with(dir: &Path, samples: Samples) -> Result<Run> {
         require_results_dir(dir)?;
         let path = dir.join("run.json");
         let record = parse_run(
@@ -44,25 +58,34 @@ impl Run {
         let mut notes = Vec::new();
         let path = dir.join("workloads.json");
         let workloads = if path.exists() { read_workloads(&path)? } else { Vec::new() };
-        let samples: Vec<SampleLine> = read_lines(&dir.join("probe.jsonl"), &mut notes)?;
+        let samples: Vec<SampleLine> = match samples {
+            Samples::All => read_lines(&dir.join("probe.jsonl"), &mut notes)?,
+            Samples::Ends => read_ends(&dir.join("probe.jsonl"), &mut notes)?,
+        };
         let failures: Vec<Versioned<AllocFailure>> =
             read_lines(&dir.join("alloc_failures.jsonl"), &mut notes)?;
         let mut failures: Vec<AllocFailure> = failures.into_iter().map(|f| f.body).collect();
         fraglab_probe::tracefs::fill_unknown_comms(&mut failures);
-        let mut snapshot = |file: &str| -> Option<Snapshot> {
+        // A snapshot a killed run left torn is a note; one of a newer schema is refused like any file.
+        let mut snapshot = |file: &str| -> Result<Option<Snapshot>> {
             let p = dir.join(file);
             if !p.exists() {
-                return None;
+                return Ok(None);
             }
-            match read_json::<Versioned<Snapshot>>(&p) {
+            if let Ok(text) = std::fs::read(&p) {
+                if schema_of(&text) > SCHEMA {
+                    check_schema(&String::from_utf8_lossy(&text), &p)?;
+                }
+            }
+            Ok(match read_json::<Versioned<Snapshot>>(&p) {
                 Ok(s) => Some(s.body),
                 Err(e) => {
                     notes.push(format!("{e:#}"));
                     None
                 }
-            }
+            })
         };
-        let (baseline, final_) = (snapshot("baseline.json"), snapshot("final.json"));
+        let (baseline, final_) = (snapshot("baseline.json")?, snapshot("final.json")?);
         Ok(Run { dir: dir.to_path_buf(), record, workloads, samples, failures, baseline, final_, notes })
     }
 
@@ -108,6 +131,11 @@ pub fn require_results_dir(dir: &Path) -> Result<()> {
 struct Head {
     schema: Option<u64>,
     fraglab_version: Option<String>,
+}
+
+/// The schema `text` says it is in (1 when it says none, or cannot be read).
+pub(crate) fn schema_of(text: &[u8]) -> u32 {
+    serde_json::from_slice::<Head>(text).ok().and_then(|h| h.schema).unwrap_or(1) as u32
 }
 
 /// The schema a document says it is in; refuse one newer than this fraglab reads.
@@ -167,6 +195,30 @@ fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
     serde_json::from_str(&text).map_err(|e| bad(path, schema, e))
 }
 
+/// The first and the last line of a JSON-lines file, read without holding the rest; a line that
+/// does not parse is a note, as in [`read_lines`].
+fn read_ends<T: DeserializeOwned>(path: &Path, notes: &mut Vec<String>) -> Result<Vec<T>> {
+    use std::io::BufRead;
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let (mut first, mut last) = (None, None);
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        if first.is_none() {
+            first = Some((i + 1, line));
+        } else {
+            last = Some((i + 1, line));
+        }
+    }
+    parse_lines(first.into_iter().chain(last), path, notes)
+}
+
 /// JSON lines; a line that does not parse (a run killed mid-write) becomes a note, not an error. A
 /// line of a newer schema is an error: the file is not this fraglab's to read.
 fn read_lines<T: DeserializeOwned>(path: &Path, notes: &mut Vec<String>) -> Result<Vec<T>> {
@@ -175,15 +227,24 @@ fn read_lines<T: DeserializeOwned>(path: &Path, notes: &mut Vec<String>) -> Resu
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
+    parse_lines(text.lines().enumerate().map(|(i, l)| (i + 1, l.to_string())), path, notes)
+}
+
+/// `(line number, line)` pairs of `path`, parsed.
+fn parse_lines<T: DeserializeOwned>(
+    lines: impl Iterator<Item = (usize, String)>,
+    path: &Path,
+    notes: &mut Vec<String>,
+) -> Result<Vec<T>> {
     let mut out = Vec::new();
     let mut unreadable = Vec::new();
-    for (i, line) in text.lines().enumerate() {
+    for (n, line) in lines {
         if line.trim().is_empty() {
             continue;
         }
-        let at = PathBuf::from(format!("{}:{}", path.display(), i + 1));
-        match check_schema(line, &at).map_err(|e| format!("{e:#}")) {
-            Ok((schema, _)) => match serde_json::from_str::<T>(line) {
+        let at = PathBuf::from(format!("{}:{n}", path.display()));
+        match check_schema(&line, &at).map_err(|e| format!("{e:#}")) {
+            Ok((schema, _)) => match serde_json::from_str::<T>(&line) {
                 Ok(t) => out.push(t),
                 Err(e) => unreadable.push(format!("{}: results schema {schema}, but {e}", at.display())),
             },

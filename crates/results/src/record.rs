@@ -196,6 +196,10 @@ pub struct RunRecord {
     pub target_losses: Vec<fraglab_fragmenter::keeper::Loss>,
     pub sysctls_restored: Vec<String>,
     pub errors: Vec<String>,
+    /// Fields this fraglab does not know (a newer one's, of the same schema), kept so that marking a
+    /// dead run cut short rewrites run.json without losing them.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
 
 impl RunRecord {

@@ -187,7 +187,7 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
         interval_s: interval.as_secs_f64(),
         monitors: monitors.iter().map(|m| m.path().to_string()).collect(),
         expect: expect.clone(),
-        ..plan_record(&src.text, cfg, &base, &axes)
+        ..plan_record(&toml::from_str(&src.text).unwrap_or_default(), &base, &axes)
     };
 
     Ok(RunPlan {
@@ -209,11 +209,12 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
     })
 }
 
-/// What run.json stores of a plan, from the config's text and its workloads and sweep axes as
-/// resolved; the caller adds what needs the machine.
+/// What run.json stores of a plan, from the config's tables and its workloads and sweep axes as
+/// resolved; the caller adds what needs the machine. Read from the raw tables, defaults as
+/// config.rs has them, so the same code serves a schema-1 run's stored text, which today's
+/// `Config` may no longer accept.
 fn plan_record(
-    text: &str,
-    cfg: &Config,
+    table: &toml::Table,
     base: &[(String, serde_json::Value)],
     axes: &[(String, Vec<serde_json::Value>)],
 ) -> PlanRecord {
@@ -228,60 +229,81 @@ fn plan_record(
             WorkloadSpec { kind: kind.clone(), options: resolved.as_object().cloned().unwrap_or_default() }
         })
         .collect();
-    // The [fragment] table as written: what two runs applied, whatever this machine made of it.
-    let fragment = toml::from_str::<toml::Table>(text)
-        .ok()
-        .and_then(|t| t.get("fragment").cloned())
-        .and_then(|f| serde_json::to_value(f).ok());
+    let get = |section: &str, key: &str| table.get(section).and_then(|s| s.get(key));
+    let strings = |section: &str, key: &str| -> Vec<String> {
+        get(section, key)
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+            .unwrap_or_default()
+    };
+    let probe = crate::config::ProbeSection::default();
     PlanRecord {
-        iterations: cfg.run.iterations,
+        iterations: get("run", "iterations").and_then(|v| v.as_integer()).map_or(1, |n| n as u32),
         workloads,
         sweep: axes
             .iter()
             .map(|(axis, values)| SweepAxis { axis: axis.clone(), values: values.clone() })
             .collect(),
         points: cross(axes).into_iter().map(|axes| Point { axes }).collect(),
-        fragment,
+        // The [fragment] table as written: what two runs applied, whatever a machine made of it.
+        fragment: table.get("fragment").and_then(|f| serde_json::to_value(f).ok()),
         fragmenter: None,
         lost_tolerance_s: 0.0,
         interval_s: 0.0,
         monitors: Vec::new(),
-        catch_min_order: cfg.probe.catch_min_order,
-        kmsg: cfg.probe.kmsg,
+        catch_min_order: get("probe", "catch_min_order")
+            .and_then(|v| v.as_integer())
+            .map_or(probe.catch_min_order, |n| n as u32),
+        kmsg: get("probe", "kmsg").and_then(|v| v.as_bool()).unwrap_or(probe.kmsg),
         expect: Expect {
-            errno: cfg.expect.errno.clone(),
-            failed_order: cfg.expect.failed_order,
-            failed_in: cfg.expect.failed_in.clone(),
+            errno: strings("expect", "errno"),
+            failed_order: get("expect", "failed_order").and_then(|v| v.as_integer()).map(|n| n as u32),
+            failed_in: strings("expect", "failed_in"),
         },
     }
 }
 
 /// The plan of a run recorded in results schema 1, which stored only its config text: resolved from
 /// that text with this fraglab's defaults, and without the machine (nothing is checked against it).
-/// `fraglab compare` says when it had to do this.
+/// Read leniently — only `[[workload]]`, `[sweep]` and the keys compare uses — so a config an older
+/// fraglab accepted still compares. `fraglab compare` says when it had to do this.
 pub fn legacy_plan(record: &RunRecord) -> Result<PlanRecord> {
-    let cfg: Config = toml::from_str(&record.config)
-        .with_context(|| format!("the config stored in run.json ({}) does not parse", record.config_path))?;
-    let base = cfg
-        .workload
-        .iter()
-        .map(|table| {
-            let mut options = serde_json::to_value(table)?;
+    let table: toml::Table = toml::from_str(&record.config)
+        .with_context(|| format!("the config stored in run.json ({}) is not TOML", record.config_path))?;
+    let base = table
+        .get("workload")
+        .and_then(|w| w.as_array())
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            let mut options = serde_json::to_value(w)?;
             let kind = options.as_object_mut().and_then(|o| o.remove("kind"));
             Ok((kind.as_ref().and_then(|k| k.as_str()).unwrap_or("?").to_string(), options))
         })
         .collect::<Result<Vec<_>>>()?;
+    // In the order `sweep_axes` gives a run: workload options, then sysctls, each by name.
     let mut axes = Vec::new();
-    for (key, values) in &cfg.sweep.options {
-        axes.push((key.clone(), values.iter().map(serde_json::to_value).collect::<Result<_, _>>()?));
+    let mut sysctls = Vec::new();
+    for (key, values) in table.get("sweep").and_then(|s| s.as_table()).into_iter().flatten() {
+        match (key.as_str(), values) {
+            ("sysctl", toml::Value::Table(t)) => {
+                for (name, values) in t {
+                    sysctls.push((format!("sysctl.{name}"), json_list(values)?));
+                }
+            }
+            _ => axes.push((key.clone(), json_list(values)?)),
+        }
     }
-    for (name, values) in &cfg.sweep.sysctl {
-        axes.push((
-            format!("sysctl.{name}"),
-            values.iter().map(serde_json::to_value).collect::<Result<_, _>>()?,
-        ));
-    }
-    Ok(plan_record(&record.config, &cfg, &base, &axes))
+    axes.extend(sysctls);
+    Ok(plan_record(&table, &base, &axes))
+}
+
+/// A TOML sweep list as JSON values (a scalar, which no run would have accepted, as one value).
+fn json_list(v: &toml::Value) -> Result<Vec<serde_json::Value>> {
+    Ok(match v {
+        toml::Value::Array(a) => a.iter().map(serde_json::to_value).collect::<Result<_, _>>()?,
+        other => vec![serde_json::to_value(other)?],
+    })
 }
 
 /// The sweep's axes in a stable order: workload options first, then sysctls.

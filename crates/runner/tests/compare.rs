@@ -110,7 +110,7 @@ fn compares_two_real_quickstart_runs_in_text_markdown_and_json() {
     let find = |kind: &str, metric: &str| {
         metrics
             .iter()
-            .find(|m| m["kind"] == kind && m["metric"] == metric && m["point_label"] == "-")
+            .find(|m| m["kind"] == kind && m["metric"] == metric && m["point"] == "-")
             .unwrap_or_else(|| panic!("no {kind} {metric} in {metrics:?}"))
     };
     let t = find("tcp-stream", "throughput");

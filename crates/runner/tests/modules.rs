@@ -29,19 +29,34 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The code of a file an import can be in: comments and the trailing `#[cfg(test)]` module out.
+/// The code of a file an import can be in: comments out, and every `#[cfg(test)] mod … { … }`
+/// block (another `#[cfg(test)]` item stays: counting it can only show a loop, never hide one).
 fn code(text: &str) -> String {
-    let body = match text.find("#[cfg(test)]") {
-        Some(i) => &text[..i],
-        None => text,
-    };
-    body.lines()
+    let code: String = text
+        .lines()
         .map(|l| match l.find("//") {
             Some(i) => &l[..i],
             None => l,
         })
         .collect::<Vec<_>>()
-        .join("\n")
+        .join("\n");
+    let mut out = String::new();
+    let mut rest = code.as_str();
+    while let Some(i) = rest.find("#[cfg(test)]") {
+        let after = &rest[i + "#[cfg(test)]".len()..];
+        let item = after.trim_start();
+        if item.starts_with("mod ") && item.find('{').is_some_and(|b| !item[..b].contains(';')) {
+            out.push_str(&rest[..i]);
+            let open = after.len() - item.len() + item.find('{').unwrap();
+            let close = matching(after, open);
+            rest = &after[(close + 1).min(after.len())..];
+        } else {
+            out.push_str(&rest[..i + "#[cfg(test)]".len()]);
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Every path starting at `crate`, `super` or `self` in `code`, as segments from that word on;
@@ -74,16 +89,7 @@ fn paths(code: &str) -> Vec<Vec<String>> {
         loop {
             if code[j..].starts_with('{') {
                 let close = matching(code, j);
-                for member in split_top(&code[j + 1..close]) {
-                    let mut p = segs.clone();
-                    p.extend(
-                        member
-                            .split("::")
-                            .map(|s| s.trim().to_string())
-                            .filter(|s| !s.is_empty() && s != "*"),
-                    );
-                    out.push(p);
-                }
+                out.extend(expand(&segs, &code[j + 1..close]));
                 segs.clear();
                 j = close;
                 break;
@@ -126,6 +132,29 @@ fn matching(code: &str, open: usize) -> usize {
     code.len()
 }
 
+/// The paths of a `{…}` list after `prefix`, nested lists expanded: `a::{b, c::{d, e}}`.
+fn expand(prefix: &[String], list: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for member in split_top(list) {
+        let member = member.trim();
+        let (head, inner) = match member.find('{') {
+            Some(b) => (&member[..b], Some(&member[b + 1..member.rfind('}').unwrap_or(member.len())])),
+            None => (member, None),
+        };
+        let mut p = prefix.to_vec();
+        p.extend(
+            head.split("::")
+                .map(|s| s.split(" as ").next().unwrap().trim().to_string())
+                .filter(|s| !s.is_empty() && s != "*" && s != "self"),
+        );
+        match inner {
+            Some(inner) => out.extend(expand(&p, inner)),
+            None => out.push(p),
+        }
+    }
+    out
+}
+
 fn split_top(list: &str) -> Vec<String> {
     let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0);
     for c in list.chars() {
@@ -141,8 +170,7 @@ fn split_top(list: &str) -> Vec<String> {
         cur.push(c);
     }
     out.push(cur);
-    // `a::{b, c}` inside a list: keep the part before the brace (the module is what matters).
-    out.into_iter().map(|m| m.split('{').next().unwrap().trim().trim_end_matches("::").to_string()).collect()
+    out.into_iter().filter(|m| !m.trim().is_empty()).collect()
 }
 
 /// The module a path from `here` names: the longest known module prefix once `crate`/`super`/`self`
@@ -252,11 +280,15 @@ fn no_crate_has_a_module_cycle() {
 #[test]
 fn the_reader_resolves_paths_lists_and_super() {
     let modules: BTreeSet<String> = ["", "a", "a::b", "c"].iter().map(|s| s.to_string()).collect();
-    let code = code("use crate::{a::b::X, c};\n// crate::c in a comment\nfn f() { super::b::y(); self::z(); std::mem::drop(e::f()); }\n#[cfg(test)]\nmod tests { use crate::c; }");
-    let got: Vec<String> = paths(&code).iter().map(|p| target("a::d", p, &modules)).collect();
+    let text = code("use crate::{a::b::X, c};\n// crate::c in a comment\nfn f() { super::b::y(); self::z(); std::mem::drop(e::f()); }\n#[cfg(test)]\nmod tests { use crate::c; }");
+    let got: Vec<String> = paths(&text).iter().map(|p| target("a::d", p, &modules)).collect();
     assert_eq!(got, ["a::b", "c", "a::b", "a::d", "a::d", "a::d"]);
     let got: Vec<String> = paths("use b::X;").iter().map(|p| target("a", p, &modules)).collect();
     assert_eq!(got, ["a::b"]);
+    // Nested lists reach every module they name; only the test module is left out.
+    let nested = code("use crate::{a::{b::X, self}, c as d};\n#[cfg(test)]\nfn helper() { crate::c::f(); }\n#[cfg(test)]\nmod tests { use crate::a::b; }\nfn g() { crate::a::b::h(); }");
+    let got: Vec<String> = paths(&nested).iter().map(|p| target("", p, &modules)).collect();
+    assert_eq!(got, ["a::b", "a", "c", "c", "a::b"]);
     let mut edges = BTreeMap::new();
     edges.insert("a".to_string(), BTreeSet::from(["c".to_string()]));
     edges.insert("c".to_string(), BTreeSet::from(["a".to_string()]));

@@ -334,7 +334,7 @@ fn a_two_axis_sweep_over_a_multi_word_sysctl_keeps_every_point_apart() {
         .unwrap()
         .iter()
         .filter(|m| m["metric"] == "throughput")
-        .map(|m| m["point_label"].as_str().unwrap())
+        .map(|m| m["point"].as_str().unwrap())
         .collect();
     seen.sort();
     let mut want = labels.to_vec();

@@ -46,7 +46,11 @@ fn build(args: &CompareArgs) -> Result<Comparison> {
         .enumerate()
         .map(|(i, d)| {
             let label = args.labels.get(i).cloned().unwrap_or_else(|| default_label(i));
-            RunData::new(fraglab_results::load::Run::load(d)?, &label, &crate::runplan::legacy_plan)
+            RunData::new(
+                fraglab_results::load::Run::load_with(d, fraglab_results::load::Samples::Ends)?,
+                &label,
+                &crate::runplan::legacy_plan,
+            )
         })
         .collect::<Result<Vec<_>>>()?;
     fraglab_report::compare::compare(&runs)
@@ -146,7 +150,7 @@ fn significant(c: &Comparison) -> Vec<String> {
                     row.index + 1,
                     row.kind,
                     row.metric,
-                    row.point_label,
+                    row.point,
                     run.label,
                     signed_pct(v.pct),
                     v.change,
@@ -292,7 +296,7 @@ pub fn text(c: &Comparison) -> String {
             o += &format!("\n{}\n", title(g[0]));
             let mut rows = vec![std::iter::once("point".to_string()).chain(labels.iter().cloned()).collect()];
             for row in g {
-                let mut r = vec![row.point_label.clone()];
+                let mut r = vec![row.point.clone()];
                 r.extend(row.sides.iter().enumerate().map(|(i, s)| cell(s, i == 0)));
                 rows.push(r);
             }
@@ -420,7 +424,7 @@ pub fn markdown(c: &Comparison) -> String {
             let rows: Vec<Vec<String>> = g
                 .iter()
                 .map(|row| {
-                    std::iter::once(format!("`{}`", row.point_label))
+                    std::iter::once(format!("`{}`", row.point))
                         .chain(row.sides.iter().enumerate().map(|(i, s)| {
                             let text = cell(s, i == 0);
                             let sig = s
@@ -628,7 +632,7 @@ mod tests {
         );
         let c = compare(&[a, b]).unwrap();
         let rows: Vec<(&str, &str)> =
-            c.metrics.iter().map(|m| (m.point_label.as_str(), m.metric.as_str())).collect();
+            c.metrics.iter().map(|m| (m.point.as_str(), m.metric.as_str())).collect();
         assert_eq!(
             rows,
             [
@@ -824,5 +828,45 @@ mod tests {
             .replace("duration = \"1s\"", "duration = \"1s\"\nclients = 1");
         let b = fake("B", &(ok + "[probe]\ninterval = \"2s\"\n"), "6.19", vec![]);
         assert!(config_differences(&a, &b).is_empty(), "{:?}", config_differences(&a, &b));
+    }
+
+    /// A run recorded before the results schema against one recorded after, of one config whose
+    /// sweep values are text that reads as a number (`["0", "1"]`): the schema-1 labels come back
+    /// as the config's own values, so every point lines up and is compared.
+    #[test]
+    fn a_schema_1_run_lines_up_with_a_schema_2_run_of_the_same_config() {
+        let config = "[run]\nname = \"t\"\n\n[[workload]]\nkind = \"tcp-rr\"\nduration = \"1s\"\n\n\
+                      [sweep]\nsysctl.\"net.core.high_order_alloc_disable\" = [\"0\", \"1\"]\n";
+        let axis = "sysctl.net.core.high_order_alloc_disable";
+        let old: Vec<Value> = ["0", "1"]
+            .iter()
+            .flat_map(|v| (1..=2).map(move |i| record(&format!("{axis}={v}"), i, 100.0 + i as f64, 50, 0)))
+            .collect();
+        let a = fake("A", config, "6.1", old);
+        let mut b = fake("B", config, "6.18", vec![]);
+        // B as schema 2 wrote it: its stored plan, points as objects with the config's text values.
+        b.plan_from_text = false;
+        b.run.workloads = ["0", "1"]
+            .iter()
+            .flat_map(|v| {
+                (1..=2).map(move |i| {
+                    let mut r = record("-", i, 90.0 + i as f64, 50, 0);
+                    r["point"] = json!({ axis: v });
+                    serde_json::from_value(r).unwrap()
+                })
+            })
+            .collect();
+        let c = compare(&[a, b]).unwrap();
+        let rates: Vec<&fraglab_report::compare::MetricRow> =
+            c.metrics.iter().filter(|m| m.metric == "rate").collect();
+        assert_eq!(rates.len(), 2, "two points, not four: {rates:#?}");
+        for r in rates {
+            assert!(r.sides.iter().all(Option::is_some), "{} lacks a side: {r:#?}", r.point);
+        }
+        assert!(
+            c.notes.iter().any(|n| n.contains("A (/results/A) was recorded in results schema 1")),
+            "{:?}",
+            c.notes
+        );
     }
 }

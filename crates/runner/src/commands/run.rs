@@ -45,6 +45,7 @@ fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<Exit> {
         // Dropped only after resolving, so the baseline half of an A/B refuses the same bad
         // [fragment] as the fragmented half would.
         plan.fragment = None;
+        plan.record.fragmenter = None;
     }
     if args.dry_run {
         print!("{}", runplan::describe(&plan, machine.mem_available, crate::vm::init::in_guest()));
