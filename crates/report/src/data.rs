@@ -70,11 +70,19 @@ pub fn load(dir: &Path) -> Result<RunData> {
     let Run { dir: _, record: info, workloads, samples, failures, baseline, final_, mut notes } =
         Run::load(dir)?;
     let samples: Vec<_> = samples.into_iter().map(|s| s.sample).collect();
+    let probe = dir.join("probe.jsonl");
+    let monitors_ran = info.phases.iter().any(|p| p.name == "monitors");
     if samples.is_empty() {
-        notes.push(format!(
-            "{} has no samples: the run ended before its monitors started",
-            dir.join("probe.jsonl").display()
-        ));
+        notes.push(match (probe.exists(), monitors_ran) {
+            (false, true) => format!(
+                "{} is missing: the plots over time have only the baseline and final snapshots",
+                probe.display()
+            ),
+            (true, true) => format!("{} has no readable sample", probe.display()),
+            (_, false) => {
+                format!("{} has no samples: the run ended before its monitors started", probe.display())
+            }
+        });
     }
 
     let t0_ns = info

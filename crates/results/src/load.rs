@@ -140,9 +140,17 @@ pub(crate) fn schema_of(text: &[u8]) -> u32 {
 
 /// The schema a document says it is in; refuse one newer than this fraglab reads.
 fn check_schema(text: &str, path: &Path) -> Result<(u32, Option<String>)> {
-    let head: Head = serde_json::from_str(text)
-        .with_context(|| format!("{} is not a JSON object: not a file fraglab run wrote", path.display()))?;
+    let head: Head = serde_json::from_str(text).map_err(|e| {
+        let why = if e.is_eof() { "cut short (a run killed mid-write?)".to_string() } else { e.to_string() };
+        anyhow::anyhow!("{}: {why}: not what fraglab run writes", path.display())
+    })?;
     let schema = head.schema.unwrap_or(1) as u32;
+    if schema == 0 {
+        bail!(
+            "{}: results schema 0 does not exist (fraglab writes 1 and up): not a file fraglab run wrote",
+            path.display()
+        );
+    }
     if schema > SCHEMA {
         bail!(
             "{}: written in results schema {schema}, by a newer fraglab; this one ({}) reads schemas 1 to {SCHEMA}: \
@@ -204,6 +212,7 @@ fn read_ends<T: DeserializeOwned>(path: &Path, notes: &mut Vec<String>) -> Resul
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
+    // The last line a killed run left may be cut short: the last one that is whole JSON counts.
     let (mut first, mut last) = (None, None);
     for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
         let line = line.with_context(|| format!("cannot read {}", path.display()))?;
@@ -212,7 +221,7 @@ fn read_ends<T: DeserializeOwned>(path: &Path, notes: &mut Vec<String>) -> Resul
         }
         if first.is_none() {
             first = Some((i + 1, line));
-        } else {
+        } else if serde_json::from_str::<serde::de::IgnoredAny>(&line).is_ok() {
             last = Some((i + 1, line));
         }
     }
@@ -249,11 +258,70 @@ fn parse_lines<T: DeserializeOwned>(
                 Err(e) => unreadable.push(format!("{}: results schema {schema}, but {e}", at.display())),
             },
             Err(e) if e.contains("newer fraglab") => bail!("{e}"),
-            Err(e) => unreadable.push(format!("{}: {e}", at.display())),
+            Err(e) => unreadable.push(e),
         }
     }
     if !unreadable.is_empty() {
         notes.push(format!("{} unreadable line(s) skipped, first: {}", unreadable.len(), unreadable[0]));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("fraglab-results-load-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        for (f, text) in files {
+            std::fs::write(d.join(f), text).unwrap();
+        }
+        d
+    }
+
+    const RUN: &str = r#"{"schema": 2, "name": "r", "status": "complete", "phases": []}"#;
+
+    fn sample(ns: u64) -> String {
+        format!(r#"{{"schema": 2, "wall": "t", "monotonic_ns": {ns}, "elapsed": 0.0}}"#)
+    }
+
+    /// A killed run's probe.jsonl: many samples, the last line cut short.
+    #[test]
+    fn the_ends_of_a_killed_runs_series_are_its_first_and_last_whole_lines() {
+        let probe =
+            [sample(1), sample(2), sample(3), r#"{"schema": 2, "wall": "t", "monoto"#.to_string()].join("\n");
+        let d = dir("ends", &[("run.json", RUN), ("probe.jsonl", &probe)]);
+        let ends = Run::load_with(&d, Samples::Ends).unwrap();
+        let ns: Vec<u64> = ends.samples.iter().map(|s| s.sample.snapshot.monotonic_ns).collect();
+        assert_eq!(ns, [1, 3]);
+        let all = Run::load(&d).unwrap();
+        assert_eq!(all.samples.len(), 3);
+        assert_eq!(all.notes.len(), 1, "{:?}", all.notes);
+        let note = &all.notes[0];
+        assert!(note.contains("probe.jsonl:4: cut short (a run killed mid-write?)"), "{note}");
+        assert_eq!(note.matches("probe.jsonl:4").count(), 1, "the place said once: {note}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn schemas_that_do_not_exist_or_are_newer_are_refused_by_name() {
+        for (schema, want) in [
+            ("0", "results schema 0 does not exist"),
+            ("3", "written in results schema 3, by a newer fraglab"),
+            ("\"2\"", "invalid type: string \"2\""),
+        ] {
+            let d = dir(
+                "schema",
+                &[("run.json", &RUN.replace("\"schema\": 2", &format!("\"schema\": {schema}")))],
+            );
+            let e = format!("{:#}", Run::load(&d).unwrap_err());
+            assert!(
+                e.contains(&format!("{}: ", d.join("run.json").display())) && e.contains(want),
+                "{schema}: {e}"
+            );
+            std::fs::remove_dir_all(&d).unwrap();
+        }
+    }
 }

@@ -18,8 +18,8 @@ pub enum Exit {
     CouldNotTest,
     /// 130: stopped by a signal, results incomplete; above 127, so `git bisect run` stops.
     Interrupted,
-    /// 255: `run`, `compare` and `workload` could not run at all (bad input, unreadable results);
-    /// `git bisect run` stops.
+    /// 255: a mistyped flag (any command), or `run`, `compare` and `workload` could not run at all
+    /// (a bad config, unreadable results); `git bisect run` stops.
     Error,
     /// `fraglab vm`: the guest command's own status, passed through.
     Guest(u8),

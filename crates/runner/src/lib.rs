@@ -18,7 +18,15 @@ use clap::Parser;
 use crate::exit::Exit;
 
 pub fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    // A mistyped flag is bad input like any other: 255, which stops `git bisect run`, rather than
+    // clap's 2, which bisect would take for "this commit is bad". --help and --version still exit 0.
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { Exit::Error.into() } else { Exit::Ok.into() };
+        }
+    };
     // Commands that only read files and print die quietly when their reader goes away (`fraglab scan LOG |
     // head`), as cat does; Rust ignores SIGPIPE and would panic on the write instead. Not for the
     // ones that hold memory, change sysctls or use sockets: they must get EPIPE and clean up.

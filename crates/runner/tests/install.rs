@@ -66,10 +66,47 @@ fn install_puts_binary_man_pages_and_completions_where_they_are_found() {
     }
     std::fs::remove_dir_all(&prefix).unwrap();
 
+    // Relative paths are the caller's, not the source tree's.
+    let cwd = std::env::temp_dir().join(format!("fraglab-install-rel-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cwd);
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_fraglab"), cwd.join("fraglab")).unwrap();
+    let out = Command::new(common::repo().join("scripts/install"))
+        .current_dir(&cwd)
+        .args(["--prefix", "rel", "--binary", "./fraglab"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(cwd.join("rel/bin/fraglab").is_file() && cwd.join("rel/share/man/man1/fraglab-run.1").is_file());
+    assert!(!common::repo().join("rel").exists(), "installed into the source tree");
+    std::fs::remove_dir_all(&cwd).unwrap();
+
     // A bad argument is refused, naming it, with nothing installed.
     let out =
         Command::new(common::repo().join("scripts/install")).args(["--prefx", "/tmp/x"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown argument '--prefx'"));
     assert!(!Path::new("/tmp/x/bin/fraglab").exists());
+}
+
+/// A mistyped flag is bad input like any other: 255, which stops `git bisect run` (clap's own 2 would
+/// mark the commit bad); help and version are not errors.
+#[test]
+fn a_mistyped_flag_exits_255_and_help_exits_0() {
+    let fraglab = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_fraglab")).args(args).output().unwrap();
+    for args in [
+        &["run", "--bogus", "x.toml"][..],
+        &["compare"],
+        &["nosuch"],
+        &["compare", "a", "b", "--format", "html"],
+    ] {
+        let out = fraglab(args);
+        assert_eq!(out.status.code(), Some(255), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("error:"), "{args:?}");
+    }
+    for args in [&["--help"][..], &["run", "--help"], &["--version"]] {
+        let out = fraglab(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(!out.stdout.is_empty(), "{args:?}: printed on stdout");
+    }
 }
