@@ -10,7 +10,6 @@
 //! half-widths), significant above 1.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use fraglab_probe::snapshot::Snapshot;
@@ -124,7 +123,6 @@ pub const COMPACTION_COUNTERS: [&str; 3] = ["compact_stall", "compact_fail", "co
 pub struct RunData {
     /// `A`, `B`, ... or the user's `--labels`.
     pub label: String,
-    pub dir: PathBuf,
     pub run: Run,
     /// run.json's stored plan; for a schema-1 run (which stored only its config text) the plan the
     /// caller resolved from that text, and `plan_from_text` says so.
@@ -165,14 +163,7 @@ impl RunData {
                 }
             }
         }
-        Ok(RunData {
-            label: label.to_string(),
-            dir: run.dir.clone(),
-            compaction: compaction(&run),
-            plan,
-            plan_from_text,
-            run,
-        })
+        Ok(RunData { label: label.to_string(), compaction: compaction(&run), plan, plan_from_text, run })
     }
 
     /// The [fragment] this run applied, judged by what it did rather than by its config: None when
@@ -191,35 +182,24 @@ impl RunData {
 
     /// `A (results/quickstart-…)`, for messages.
     fn named(&self) -> String {
-        format!("{} ({})", self.label, self.dir.display())
+        format!("{} ({})", self.label, self.run.dir.display())
     }
-}
-
-fn vmstat_counters(snapshot: &Snapshot) -> Option<BTreeMap<String, i64>> {
-    let values = &snapshot.vmstat.as_ref()?.values;
-    let out: BTreeMap<String, i64> = COMPACTION_COUNTERS
-        .iter()
-        .filter_map(|c| values.get(*c).map(|v| (c.to_string(), *v as i64)))
-        .collect();
-    (!out.is_empty()).then_some(out)
-}
-
-fn deltas(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
-    before.iter().filter_map(|(k, b)| after.get(k).map(|a| (k.clone(), a - b))).collect()
 }
 
 /// Compaction counter deltas: final.json − baseline.json, else the last probe.jsonl line − the first.
 fn compaction(run: &Run) -> Option<(String, BTreeMap<String, i64>)> {
-    if let (Some(before), Some(after)) =
-        (run.baseline.as_ref().and_then(vmstat_counters), run.final_.as_ref().and_then(vmstat_counters))
-    {
-        return Some(("baseline.json → final.json".into(), deltas(&before, &after)));
+    let between = |before: &Snapshot, after: &Snapshot| {
+        let d = after.vmstat.as_ref()?.delta(before.vmstat.as_ref()?);
+        let picked: BTreeMap<String, i64> =
+            COMPACTION_COUNTERS.iter().filter_map(|c| Some((c.to_string(), d.get(c)? as i64))).collect();
+        (!picked.is_empty()).then_some(picked)
+    };
+    if let Some(d) = run.baseline.as_ref().zip(run.final_.as_ref()).and_then(|(b, f)| between(b, f)) {
+        return Some(("baseline.json → final.json".into(), d));
     }
-    let (first, last) = (run.samples.first()?, run.samples.last()?);
-    match (vmstat_counters(&first.sample.snapshot), vmstat_counters(&last.sample.snapshot)) {
-        (Some(before), Some(after)) if run.samples.len() > 1 => {
-            Some(("probe.jsonl, first → last sample".into(), deltas(&before, &after)))
-        }
+    match run.samples.as_slice() {
+        [first, .., last] => between(&first.sample.snapshot, &last.sample.snapshot)
+            .map(|d| ("probe.jsonl, first → last sample".into(), d)),
         _ => None,
     }
 }
@@ -549,7 +529,7 @@ fn errno_counts(result: &WorkloadResult) -> BTreeMap<String, u64> {
 fn run_info(r: &RunData) -> RunInfo {
     RunInfo {
         label: r.label.clone(),
-        dir: r.dir.display().to_string(),
+        dir: r.run.dir.display().to_string(),
         name: r.record().name.clone(),
         status: r.record().status.to_string(),
         verdict: r.record().verdict.map(|v| v.to_string()),

@@ -257,14 +257,13 @@ fn runs_section(runs: &[RunData], letters: &[String]) -> String {
             let _ = write!(o, "<p>{}{}</p>", esc(&prefix), esc(d));
         }
         if let Some(f) = &r.info.fragment {
-            let cells = |v: &[u64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ");
             let _ = write!(
                 o,
                 "<p>{}fragment target <code>{}</code>; free blocks planned per order <code>{}</code>, intact at the end <code>{}</code>.</p>",
                 esc(&prefix),
                 esc(&fraglab_fragmenter::describe::target(&f.target)),
-                esc(&cells(&f.planned)),
-                esc(&cells(&f.intact))
+                esc(&fraglab_fragmenter::describe::counts(&f.planned)),
+                esc(&fraglab_fragmenter::describe::counts(&f.intact))
             );
         } else {
             let _ = write!(o, "<p>{}no fragmentation (a baseline run).</p>", esc(&prefix));
@@ -359,8 +358,7 @@ fn memory_chart(letter: &str, r: &RunData) -> String {
     c.finish()
 }
 
-/// The counters the compaction charts draw: events, then pages.
-pub const COMPACTION_EVENTS: [&str; 3] = ["compact_stall", "compact_fail", "compact_success"];
+/// The counters the compaction charts draw besides [`compare::COMPACTION_COUNTERS`]: pages moved.
 pub const MIGRATION: [&str; 1] = ["pgmigrate_success"];
 
 fn compaction_charts(letter: &str, r: &RunData) -> String {
@@ -371,7 +369,7 @@ fn compaction_charts(letter: &str, r: &RunData) -> String {
     }
     let mut o = String::new();
     for (id, title, names, unit) in [
-        ("compaction", "direct compaction since the baseline", &COMPACTION_EVENTS[..], "events"),
+        ("compaction", "direct compaction since the baseline", &compare::COMPACTION_COUNTERS[..], "events"),
         ("migration", "pages migrated since the baseline", &MIGRATION[..], "pages"),
     ] {
         let y = Scale::linear(
@@ -401,7 +399,7 @@ fn compaction_charts(letter: &str, r: &RunData) -> String {
     }
     // The totals in words, for a reader who wants the numbers.
     if let Some((_, last)) = pts.last() {
-        let words: Vec<String> = COMPACTION_EVENTS
+        let words: Vec<String> = compare::COMPACTION_COUNTERS
             .iter()
             .chain(&MIGRATION)
             .map(|n| format!("{n} {}", last.get(n).map_or("–".into(), |v| v.to_string())))

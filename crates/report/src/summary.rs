@@ -67,12 +67,11 @@ pub fn render_run(run: &Run) -> String {
         r.reason
     );
     if let Some(f) = &r.fragment {
-        let cells = |v: &[u64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ");
         o += &fragment_line(f);
-        o += &format!("  planned free blocks per order: {}\n", cells(&f.planned));
-        o += &format!("  intact at the end:             {}\n", cells(&f.intact));
+        o += &format!("  planned free blocks per order: {}\n", describe::counts(&f.planned));
+        o += &format!("  intact at the end:             {}\n", describe::counts(&f.intact));
         for z in &f.buddyinfo_now.zones {
-            o += &format!("  buddyinfo Node {}, zone {:<8} {}\n", z.node, z.zone, cells(&z.free));
+            o += &format!("  buddyinfo Node {}, zone {:<8} {}\n", z.node, z.zone, describe::counts(&z.free));
         }
         if let Some(k) = &f.keeping {
             o += &format!("  {}\n", describe::keeping(k));

@@ -73,10 +73,11 @@ impl ResultsDir {
     fn running_record(&self) -> Result<Option<RunRecord>> {
         let path = self.dir.join("run.json");
         let text = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        if crate::load::schema_of(&text) > crate::SCHEMA {
-            return Ok(None);
-        }
-        let record: RunRecord = crate::load::parse_run(&text, &path)?;
+        let record = match crate::load::parse_run(&text, &path) {
+            Ok(record) => record,
+            Err(e) if e.is::<crate::load::NewerSchema>() => return Ok(None),
+            Err(e) => return Err(e),
+        };
         Ok((record.status == RunStatus::Running).then_some(record))
     }
 

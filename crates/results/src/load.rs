@@ -72,13 +72,9 @@ impl Run {
             if !p.exists() {
                 return Ok(None);
             }
-            if let Ok(text) = std::fs::read(&p) {
-                if schema_of(&text) > SCHEMA {
-                    check_schema(&String::from_utf8_lossy(&text), &p)?;
-                }
-            }
             Ok(match read_json::<Versioned<Snapshot>>(&p) {
                 Ok(s) => Some(s.body),
+                Err(e) if e.is::<NewerSchema>() => return Err(e),
                 Err(e) => {
                     notes.push(format!("{e:#}"));
                     None
@@ -133,10 +129,17 @@ struct Head {
     fraglab_version: Option<String>,
 }
 
-/// The schema `text` says it is in (1 when it says none, or cannot be read).
-pub(crate) fn schema_of(text: &[u8]) -> u32 {
-    serde_json::from_slice::<Head>(text).ok().and_then(|h| h.schema).unwrap_or(1) as u32
+/// A file written in a results schema newer than this fraglab reads: refused, never misread.
+#[derive(Debug)]
+pub struct NewerSchema(String);
+
+impl std::fmt::Display for NewerSchema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
+
+impl std::error::Error for NewerSchema {}
 
 /// The schema a document says it is in; refuse one newer than this fraglab reads.
 fn check_schema(text: &str, path: &Path) -> Result<(u32, Option<String>)> {
@@ -152,12 +155,13 @@ fn check_schema(text: &str, path: &Path) -> Result<(u32, Option<String>)> {
         );
     }
     if schema > SCHEMA {
-        bail!(
+        return Err(NewerSchema(format!(
             "{}: written in results schema {schema}, by a newer fraglab; this one ({}) reads schemas 1 to {SCHEMA}: \
              read it with the fraglab that wrote it, or a newer one",
             path.display(),
             env!("CARGO_PKG_VERSION")
-        );
+        ))
+        .into());
     }
     Ok((schema, head.fraglab_version))
 }
@@ -252,13 +256,13 @@ fn parse_lines<T: DeserializeOwned>(
             continue;
         }
         let at = PathBuf::from(format!("{}:{n}", path.display()));
-        match check_schema(&line, &at).map_err(|e| format!("{e:#}")) {
+        match check_schema(&line, &at) {
             Ok((schema, _)) => match serde_json::from_str::<T>(&line) {
                 Ok(t) => out.push(t),
                 Err(e) => unreadable.push(format!("{}: results schema {schema}, but {e}", at.display())),
             },
-            Err(e) if e.contains("newer fraglab") => bail!("{e}"),
-            Err(e) => unreadable.push(e),
+            Err(e) if e.is::<NewerSchema>() => return Err(e),
+            Err(e) => unreadable.push(format!("{e:#}")),
         }
     }
     if !unreadable.is_empty() {

@@ -222,6 +222,13 @@ pub struct WorkloadsFile {
     pub workloads: Vec<WorkloadRecord>,
 }
 
+impl WorkloadsFile {
+    /// An empty file of the current schema.
+    pub fn new() -> WorkloadsFile {
+        WorkloadsFile { schema: SCHEMA, workloads: Vec::new() }
+    }
+}
+
 /// One workload window.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WorkloadRecord {

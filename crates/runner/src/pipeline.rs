@@ -36,7 +36,8 @@ fn by_the_keeper(f: &fraglab_probe::tracefs::AllocFailure, keeper_tid: i32) -> b
     f.pid == keeper_tid && f.stack.iter().any(resize)
 }
 
-pub use fraglab_results::record::{Verdict, WindowTarget, MOST_LOST_FRACTION};
+pub use fraglab_results::record::Verdict;
+use fraglab_results::record::WindowTarget;
 
 /// Run the plan. Returns the verdict and the results directory; on an error part-way the directory
 /// is still left valid, its run.json marked incomplete with the error.
@@ -157,7 +158,8 @@ fn pipeline(
         .as_ref()
         .map_or(0, |f| f.keeping().1)
         .max(plan.expect.failed_order.unwrap_or(0) as usize);
-    let mut workloads = Vec::new();
+    // Rewritten whole after every window, so a killed run keeps every result so far.
+    let mut written = WorkloadsFile::new();
     let mut interrupted = None;
     let mut failed_to_run = Vec::new();
 
@@ -207,7 +209,7 @@ fn pipeline(
                 if let Held::Fragmented(g) = &kernel {
                     record.errors.extend(g.take_events());
                 }
-                workloads.push(WorkloadRecord {
+                written.workloads.push(WorkloadRecord {
                     point: point.point.clone(),
                     sysctls: point.sysctls.clone(),
                     iteration,
@@ -215,13 +217,12 @@ fn pipeline(
                     result,
                     target,
                 });
-                results.write_json(
-                    "workloads.json",
-                    &WorkloadsFile { schema: SCHEMA, workloads: workloads.clone() },
-                )?;
+                results.write_json("workloads.json", &written)?;
             }
         }
     }
+
+    let workloads = written.workloads;
 
     // A signal that stopped the last workload is seen only here: the loop's check comes before each.
     if interrupted.is_none() && stop.load(Ordering::Relaxed) {

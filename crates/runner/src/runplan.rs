@@ -185,8 +185,12 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
         fragmenter: fragment.clone(),
         lost_tolerance_s: lost_tolerance.as_secs_f64(),
         interval_s: interval.as_secs_f64(),
-        monitors: monitors.iter().map(|m| m.path().to_string()).collect(),
+        monitors: monitors.iter().map(|m| m.name().to_string()).collect(),
         expect: expect.clone(),
+        iterations: cfg.run.iterations,
+        catch_min_order: cfg.probe.catch_min_order,
+        kmsg: cfg.probe.kmsg,
+        // The text parsed as `cfg` did; the raw tables give `[fragment]` as written.
         ..plan_record(&toml::from_str(&src.text).unwrap_or_default(), &base, &axes)
     };
 
