@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! apt-get install -y iperf3
-//! cargo run --release -p fraglab --example tcp_bench -- [--duration 10] [--reps 3] \
+//! cargo run --release -p fraglab-workload --example tcp_bench -- [--duration 10] [--reps 3] \
 //!     [--threads 1,2,8] [--msgs 1452,65536]
 //! ```
 //!

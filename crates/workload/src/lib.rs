@@ -19,6 +19,7 @@ use std::sync::atomic::AtomicBool;
 use anyhow::{bail, Result};
 use clap::Subcommand;
 use fraglab_results::workload::WorkloadResult;
+use serde::Deserialize;
 
 pub use unsupported::Unsupported;
 
@@ -49,11 +50,11 @@ pub enum Kind {
 /// calls this for every workload at every sweep point before it takes any memory.
 pub fn validate(kind: &Kind) -> Result<()> {
     match kind {
-        Kind::SctpConnect(a) => sctp::validate_connect(a),
-        Kind::SctpStream(a) => sctp::validate_stream(a),
-        Kind::SctpRr(a) => sctp::validate_rr(a),
-        Kind::TcpStream(a) => tcp::validate_stream(a),
-        Kind::TcpRr(a) | Kind::TcpCrr(a) => tcp::validate_rr(a),
+        Kind::SctpConnect(a) => sctp::ConnectPlan::resolve(a).map(drop),
+        Kind::SctpStream(a) => sctp::StreamPlan::resolve(a).map(drop),
+        Kind::SctpRr(a) => sctp::RrPlan::resolve(a).map(drop),
+        Kind::TcpStream(a) => tcp::StreamPlan::resolve(a).map(drop),
+        Kind::TcpRr(a) | Kind::TcpCrr(a) => tcp::RrPlan::resolve(a).map(drop),
         Kind::Trigger(t) => trigger::validate(t),
         Kind::Exec(a) => exec::validate(a),
     }
@@ -81,16 +82,15 @@ pub fn run(kind: &Kind, stop: &AtomicBool) -> Result<WorkloadResult> {
 
 /// A typed workload from a config's kind name and options; serde rejects unknown options.
 pub fn from_options(kind_name: &str, options: &serde_json::Value) -> Result<Kind> {
-    let o = options.clone();
     Ok(match kind_name {
-        "sctp-connect" => Kind::SctpConnect(serde_json::from_value::<sctp::ConnectArgs>(o)?),
-        "sctp-stream" => Kind::SctpStream(serde_json::from_value::<sctp::StreamArgs>(o)?),
-        "sctp-rr" => Kind::SctpRr(serde_json::from_value::<sctp::RrArgs>(o)?),
-        "tcp-stream" => Kind::TcpStream(serde_json::from_value::<tcp::StreamArgs>(o)?),
-        "tcp-rr" => Kind::TcpRr(serde_json::from_value::<tcp::RrArgs>(o)?),
-        "tcp-crr" => Kind::TcpCrr(serde_json::from_value::<tcp::RrArgs>(o)?),
-        "trigger" => Kind::Trigger(serde_json::from_value::<trigger::Kind>(o)?),
-        "exec" => Kind::Exec(serde_json::from_value::<exec::ExecArgs>(o)?),
+        "sctp-connect" => Kind::SctpConnect(sctp::ConnectArgs::deserialize(options)?),
+        "sctp-stream" => Kind::SctpStream(sctp::StreamArgs::deserialize(options)?),
+        "sctp-rr" => Kind::SctpRr(sctp::RrArgs::deserialize(options)?),
+        "tcp-stream" => Kind::TcpStream(tcp::StreamArgs::deserialize(options)?),
+        "tcp-rr" => Kind::TcpRr(tcp::RrArgs::deserialize(options)?),
+        "tcp-crr" => Kind::TcpCrr(tcp::RrArgs::deserialize(options)?),
+        "trigger" => Kind::Trigger(trigger::Kind::deserialize(options)?),
+        "exec" => Kind::Exec(exec::ExecArgs::deserialize(options)?),
         other => bail!(
             "kind = {other:?} is not a workload; choose sctp-connect, sctp-stream, sctp-rr, tcp-stream, \
              tcp-rr, tcp-crr, trigger or exec"

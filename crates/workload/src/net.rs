@@ -7,7 +7,8 @@
 //!   when every worker has returned. CPU and rusage are sampled over that window.
 //! - Each worker keeps a [`Tally`]: operations, failures by errno, payload bytes, latency.
 //!   [`Driven::merge`] sums them into the fields every kind fills alike.
-//! - [`transient`] is the one retry policy, [`record_latency`] the one way a latency is recorded.
+//! - [`transient`] is the one retry policy, [`record_latency`] the one way the socket kinds record
+//!   a latency (the triggers still truncate theirs).
 //! - Client and server bits both protocols use: [`SockBufs`], [`server_or_peer`], [`ServerErrors`].
 //!
 //! # Hot path

@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 
 use crate::net::{
     self, effective_bufs, record_latency, Ctl, Rate, ServerErrors, SockBufs, Tally, MAX_WORKERS, RECV_BUF,
+    WORKER_STACK,
 };
 use crate::opts::{self, opt_size_text, size_text, Wording};
 use fraglab_results::workload::{wall_now, ErrnoCount, Errors, WorkloadResult};
@@ -144,10 +145,12 @@ pub const NO_SCTP: &str = "this kernel has no SCTP (socket: EPROTONOSUPPORT): lo
 
 /// Whether this kernel can open an SCTP socket (tries `socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP)`).
 pub fn kernel_has_sctp() -> bool {
-    Sock::new(libc::AF_INET, Style::OneToOne).is_ok()
+    check_kernel().is_ok()
 }
 
-fn check_sctp() -> Result<()> {
+/// Whether the kernel can open an SCTP socket; without SCTP the error is
+/// [`crate::unsupported::Unsupported`], naming EPROTONOSUPPORT and what to do ([`NO_SCTP`]).
+pub fn check_kernel() -> Result<()> {
     match Sock::new(libc::AF_INET, Style::OneToOne) {
         Ok(_) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) => {
@@ -341,7 +344,7 @@ struct Common {
     bufs: SockBufs,
 }
 
-struct ConnectPlan {
+pub(crate) struct ConnectPlan {
     n: u64,
     workers: usize,
     streams: u16,
@@ -350,19 +353,23 @@ struct ConnectPlan {
     common: Common,
 }
 
+/// `--streams`: SCTP stream numbers are 16-bit, and an association has at least one.
+fn streams(n: u64) -> Result<u16> {
+    match n {
+        1..=65535 => Ok(n as u16),
+        _ => bail!("--streams {n}: must be 1 to 65535 (SCTP stream numbers are 16-bit)"),
+    }
+}
+
 impl ConnectPlan {
-    fn resolve(a: &ConnectArgs) -> Result<ConnectPlan> {
-        if a.associations == 0 {
-            bail!("--associations 0: must be at least 1");
-        }
+    pub(crate) fn resolve(a: &ConnectArgs) -> Result<ConnectPlan> {
+        opts::count(SCTP, "--associations", a.associations, u64::MAX)?;
         let workers = opts::count(SCTP, "--concurrency", a.concurrency, MAX_WORKERS)?;
-        if a.streams == 0 || a.streams > 65535 {
-            bail!("--streams {}: must be 1 to 65535 (SCTP stream numbers are 16-bit)", a.streams);
-        }
+        let streams = streams(a.streams)?;
         Ok(ConnectPlan {
             n: a.associations,
             workers: workers.min(a.associations.min(MAX_WORKERS) as usize),
-            streams: a.streams as u16,
+            streams,
             message_per_stream: a.message_per_stream,
             timeout: opts::duration(SCTP, "--timeout", &a.timeout)?,
             common: Common::resolve(a.style, a.peer.as_deref(), None, None)?,
@@ -370,7 +377,7 @@ impl ConnectPlan {
     }
 }
 
-struct StreamPlan {
+pub(crate) struct StreamPlan {
     threads: usize,
     duration: Duration,
     msg: usize,
@@ -378,7 +385,7 @@ struct StreamPlan {
 }
 
 impl StreamPlan {
-    fn resolve(a: &StreamArgs) -> Result<StreamPlan> {
+    pub(crate) fn resolve(a: &StreamArgs) -> Result<StreamPlan> {
         Ok(StreamPlan {
             threads: opts::count(SCTP, "--threads", a.threads, MAX_WORKERS)?,
             duration: opts::duration(SCTP, "--duration", &a.duration)?,
@@ -388,7 +395,7 @@ impl StreamPlan {
     }
 }
 
-struct RrPlan {
+pub(crate) struct RrPlan {
     clients: usize,
     duration: Duration,
     req: usize,
@@ -397,7 +404,7 @@ struct RrPlan {
 }
 
 impl RrPlan {
-    fn resolve(a: &RrArgs) -> Result<RrPlan> {
+    pub(crate) fn resolve(a: &RrArgs) -> Result<RrPlan> {
         Ok(RrPlan {
             clients: opts::count(SCTP, "--clients", a.clients, MAX_WORKERS)?,
             duration: opts::duration(SCTP, "--duration", &a.duration)?,
@@ -793,11 +800,7 @@ impl ServeArgs {
     /// turn them into the server's options, without opening a socket. SCTP_NODELAY is on: a reply
     /// goes out at once, as the in-process server answers sctp-rr.
     pub fn resolve(&self) -> Result<ServerOpts> {
-        let streams = match self.streams {
-            None => None,
-            Some(n @ 1..=65535) => Some(n as u16),
-            Some(n) => bail!("--streams {n}: must be 1 to 65535 (SCTP stream numbers are 16-bit)"),
-        };
+        let streams = self.streams.map(streams).transpose()?;
         let c = Common::resolve(
             self.style.unwrap_or(Style::OneToOne),
             None,
@@ -823,12 +826,6 @@ impl ServerOpts {
         }
         s
     }
-}
-
-/// Whether the kernel can open an SCTP socket; without SCTP the error is [`crate::unsupported::Unsupported`],
-/// naming EPROTONOSUPPORT and what to do ([`NO_SCTP`]).
-pub fn check_kernel() -> Result<()> {
-    check_sctp()
 }
 
 /// What the server side saw.
@@ -908,11 +905,12 @@ impl Server {
             errors: ServerErrors::new(),
         });
         let sh = shared.clone();
-        let thread =
-            std::thread::Builder::new().name("sctp-server".into()).spawn(move || match opts.style {
+        let thread = std::thread::Builder::new().name("sctp-server".into()).stack_size(WORKER_STACK).spawn(
+            move || match opts.style {
                 Style::OneToOne => serve_one_to_one(sock, opts, sh),
                 Style::OneToMany => serve_one_to_many(sock, sh),
-            })?;
+            },
+        )?;
         Ok(Server { addr, shared, thread: Some(thread) })
     }
 
@@ -1013,7 +1011,10 @@ fn serve_one_to_one(listener: Sock, opts: ServerOpts, sh: Arc<Shared>) {
             sh.record(&e);
         }
         let s = sh.clone();
-        match std::thread::Builder::new().name("sctp-conn".into()).spawn(move || serve_conn(conn, s)) {
+        // One thread an association: at 4096 associations the default 2 MiB stacks would reserve
+        // 8 GiB of address space; the buffers are on the heap.
+        let conn_thread = std::thread::Builder::new().name("sctp-conn".into()).stack_size(WORKER_STACK);
+        match conn_thread.spawn(move || serve_conn(conn, s)) {
             Ok(h) => conns.push(h),
             Err(e) => sh.record(&e),
         }
@@ -1400,22 +1401,6 @@ fn status_details(details: &mut BTreeMap<String, Value>, index: u64, s: &SctpSta
         .insert("sstat_primary".into(), json!({ "srtt_ms": srtt, "rto_ms": rto, "mtu": mtu, "cwnd": cwnd }));
 }
 
-/// Check sctp-connect's options without opening a socket: what `fraglab run` does before it
-/// fragments.
-pub fn validate_connect(a: &ConnectArgs) -> Result<()> {
-    ConnectPlan::resolve(a).map(drop)
-}
-
-/// Check sctp-stream's options without opening a socket.
-pub fn validate_stream(a: &StreamArgs) -> Result<()> {
-    StreamPlan::resolve(a).map(drop)
-}
-
-/// Check sctp-rr's options without opening a socket.
-pub fn validate_rr(a: &RrArgs) -> Result<()> {
-    RrPlan::resolve(a).map(drop)
-}
-
 /// `fraglab workload sctp-connect`: set up N associations with up to 65535 streams each.
 pub fn connect(a: &ConnectArgs) -> Result<WorkloadResult> {
     connect_until(a, &AtomicBool::new(false))
@@ -1425,7 +1410,7 @@ pub fn connect(a: &ConnectArgs) -> Result<WorkloadResult> {
 /// after it, and one sending its per-stream messages stops sending.
 pub fn connect_until(a: &ConnectArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = ConnectPlan::resolve(a)?;
-    check_sctp()?;
+    check_kernel()?;
     let r = WorkloadResult::new("sctp-connect", serde_json::to_value(a)?, wall_now());
     let (addr, server) = server_for(&p.common, Some(p.streams), false)?;
     let t0 = Instant::now();
@@ -1512,7 +1497,7 @@ pub fn stream(a: &StreamArgs) -> Result<WorkloadResult> {
 /// [`stream`], ended early when `stop` (the run's stop flag) is raised.
 pub fn stream_until(a: &StreamArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = StreamPlan::resolve(a)?;
-    check_sctp()?;
+    check_kernel()?;
     let r = WorkloadResult::new("sctp-stream", serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
     let (addr, server) = server_for(&p.common, None, false)?;
@@ -1575,7 +1560,7 @@ pub fn rr(a: &RrArgs) -> Result<WorkloadResult> {
 /// [`rr`], ended early when `stop` (the run's stop flag) is raised.
 pub fn rr_until(a: &RrArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let p = RrPlan::resolve(a)?;
-    check_sctp()?;
+    check_kernel()?;
     let r = WorkloadResult::new("sctp-rr", serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
     let (addr, server) = server_for(&p.common, None, true)?;

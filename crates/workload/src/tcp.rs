@@ -155,7 +155,7 @@ impl Default for RrArgs {
 // Validation: every flag is checked before any socket is opened.
 
 #[derive(Debug)]
-struct StreamPlan {
+pub(crate) struct StreamPlan {
     threads: usize,
     duration: Duration,
     msg: usize,
@@ -164,7 +164,7 @@ struct StreamPlan {
 }
 
 #[derive(Debug)]
-struct RrPlan {
+pub(crate) struct RrPlan {
     clients: usize,
     duration: Duration,
     req: usize,
@@ -174,7 +174,7 @@ struct RrPlan {
 }
 
 impl StreamPlan {
-    fn resolve(a: &StreamArgs) -> Result<StreamPlan> {
+    pub(crate) fn resolve(a: &StreamArgs) -> Result<StreamPlan> {
         Ok(StreamPlan {
             threads: opts::count(TCP, "--threads", a.threads as u64, MAX_WORKERS)?,
             duration: opts::duration(TCP, "--duration", &a.duration)?,
@@ -186,7 +186,7 @@ impl StreamPlan {
 }
 
 impl RrPlan {
-    fn resolve(a: &RrArgs) -> Result<RrPlan> {
+    pub(crate) fn resolve(a: &RrArgs) -> Result<RrPlan> {
         Ok(RrPlan {
             clients: opts::count(TCP, "--clients", a.clients as u64, MAX_WORKERS)?,
             duration: opts::duration(TCP, "--duration", &a.duration)?,
@@ -480,17 +480,6 @@ fn stream_worker(p: &StreamPlan, addr: SocketAddr, ctl: &Ctl) -> (Tally, StreamO
         }
     }
     (t, o)
-}
-
-/// Check tcp-stream's options without opening a socket: what `fraglab run` does before it
-/// fragments.
-pub fn validate_stream(a: &StreamArgs) -> Result<()> {
-    StreamPlan::resolve(a).map(drop)
-}
-
-/// Check tcp-rr's and tcp-crr's options without opening a socket.
-pub fn validate_rr(a: &RrArgs) -> Result<()> {
-    RrPlan::resolve(a).map(drop)
 }
 
 /// `fraglab workload tcp-stream`.
@@ -1005,8 +994,6 @@ mod tests {
         assert_eq!(s, StreamArgs { threads: 8, msg: "1452".into(), ..Default::default() });
         let s: StreamArgs = toml::from_str("msg = 65536\nsndbuf = 200000").unwrap();
         assert_eq!((s.msg.as_str(), s.sndbuf.as_deref()), ("65536", Some("200000")));
-        let r: RrArgs = toml::from_str("").unwrap();
-        assert_eq!(r, RrArgs::default());
         assert!(toml::from_str::<RrArgs>("clients = 2\nthreads = 3").is_err(), "unknown field refused");
     }
 
