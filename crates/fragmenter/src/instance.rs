@@ -107,7 +107,7 @@ impl Instance {
         let file = open_lock()?;
         let start = Instant::now();
         let mut told = false;
-        while !try_lock(&file) {
+        while !try_lock(&file, Path::new(LOCK_FILE))? {
             let holder = Instance::holder();
             // An empty record under a held flock is a holder between flock and writing its record, or
             // between emptying it and closing; a `recover` holder only replays a dead one's journal.
@@ -204,7 +204,7 @@ impl Instance {
         }
         // Not root: the lock cannot be opened for writing, nor could a sysctl be restored.
         let Ok(file) = open_lock() else { return Ok((Vec::new(), None)) };
-        if !try_lock(&file) {
+        if !try_lock(&file, Path::new(LOCK_FILE))? {
             return Ok((Vec::new(), None));
         }
         let (lock, restored) = Instance::take(file, dir, RECOVER)?;
@@ -254,10 +254,27 @@ pub fn open_lock_file(path: &Path) -> Result<File> {
         .with_context(|| format!("cannot open {}", path.display()))
 }
 
-/// Take an exclusive flock without waiting; the kernel drops it when the holder dies.
-pub fn try_lock(file: &File) -> bool {
+/// Take an exclusive flock without waiting; the kernel drops it when the holder dies. `Ok(false)`:
+/// another process holds it. Any other failure is an error, so that a kernel that cannot lock at all
+/// is never taken for one where another fraglab is running.
+pub fn try_lock(file: &File, path: &Path) -> Result<bool> {
+    // libc rather than nix's `Flock`, which unlocks when it drops: this lock lives as long as `file`.
     // SAFETY: flock on a file descriptor we own; no memory is shared with the kernel.
-    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EWOULDBLOCK) => Ok(false),
+        // Without CONFIG_FILE_LOCKING flock(2) is the kernel's "not implemented" stub.
+        Some(libc::ENOSYS) => bail!(
+            "this kernel has no file locking (CONFIG_FILE_LOCKING): flock on {} failed ({err}); \
+             fraglab needs it to know it is the only one changing this kernel (`fraglab vm --print-kconfig` \
+             lists what a kernel needs)",
+            path.display()
+        ),
+        _ => bail!("cannot lock {}: flock: {err}", path.display()),
+    }
 }
 
 /// A process that exists and is not a zombie (a zombie has dropped its flocks).

@@ -965,15 +965,15 @@ impl TriggerLock {
         fraglab_fragmenter::instance::open_lock_file(Path::new(LOCK_FILE))
     }
 
-    fn try_lock(file: &File) -> bool {
-        fraglab_fragmenter::instance::try_lock(file)
+    fn try_lock(file: &File) -> Result<bool> {
+        fraglab_fragmenter::instance::try_lock(file, Path::new(LOCK_FILE))
     }
 
     /// Take the lock, waiting up to `wait` for another trigger to finish.
     fn acquire(run_dir: &Path, wait: Duration) -> Result<TriggerLock> {
         let mut file = Self::open()?;
         let deadline = Instant::now() + wait;
-        while !Self::try_lock(&file) {
+        while !Self::try_lock(&file)? {
             if Instant::now() > deadline {
                 let holder = read_record(&mut file);
                 let field = |k: &str| holder.as_ref().map_or("?".to_string(), |h| h[k].to_string());
@@ -1010,7 +1010,7 @@ pub fn recover_if_stale(run_dir: &Path) -> Result<Vec<Restored>> {
         return Ok(Vec::new());
     }
     let Ok(mut file) = TriggerLock::open() else { return Ok(Vec::new()) };
-    if !TriggerLock::try_lock(&file) {
+    if !TriggerLock::try_lock(&file)? {
         return Ok(Vec::new()); // a live trigger: its journal is in use
     }
     let mut restored = Vec::new();

@@ -1,6 +1,7 @@
 //! The guest's PID 1 (`fraglab vm --guest-init`, started by the kernel through `rdinit=`): mount
 //! the kernel's filesystems, bring `lo` up, load the modules, run the job as a child, relay its
-//! stdout and stderr, send the results directory and the verdict over the channel, power off.
+//! stdout and stderr, send the results directory and the verdict over the channel, end the guest (a restart, which
+//! `-no-reboot` turns into qemu exiting).
 
 use std::ffi::CString;
 use std::fs::File;
@@ -46,7 +47,7 @@ pub fn in_guest() -> bool {
         .unwrap_or(false)
 }
 
-/// Never returns: the guest powers off.
+/// Never returns: the guest restarts, which ends qemu.
 pub fn run() -> ! {
     if std::process::id() != 1 {
         eprintln!("fraglab vm --guest-init runs only as a guest's PID 1 (rdinit=)");
@@ -67,7 +68,7 @@ pub fn run() -> ! {
         // The console is all we have; the host sees no verdict and shows the console's last lines.
         Err(e) => eprintln!("fraglab vm init: cannot open the channel {CHANNEL_TTY}: {e:#}"),
     }
-    power_off()
+    end_guest()
 }
 
 struct Channel {
@@ -330,11 +331,14 @@ fn uptime() -> f64 {
     t.map(|t| t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9).unwrap_or(0.0)
 }
 
-fn power_off() -> ! {
-    // SAFETY: sync and reboot(2) take no pointers; as PID 1 we are allowed to power off.
+/// End the guest. A restart, not a power-off: qemu runs with `-no-reboot`, so a restart ends it on
+/// every kernel, while a power-off needs ACPI (or another `pm_power_off`) and a kernel without it —
+/// tinyconfig's — only halts, leaving qemu running until the host's timeout.
+fn end_guest() -> ! {
+    // SAFETY: sync and reboot(2) take no pointers; as PID 1 we are allowed to restart.
     unsafe {
         libc::sync();
-        libc::reboot(libc::RB_POWER_OFF);
+        libc::reboot(libc::RB_AUTOBOOT);
     }
     // reboot only returns on failure; PID 1 exiting panics the kernel, which qemu also ends on.
     std::process::exit(125)

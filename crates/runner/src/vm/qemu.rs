@@ -5,8 +5,10 @@
 //! memory, shown live with --verbose. Port 2 (`ttyS1`) is the [`channel`](super::channel): qemu
 //! connects it to a Unix socket this process listens on. Both are 8250 UARTs, which every x86 kernel
 //! config has built in (Debian's cloud kernel has virtio, ATA and SCSI only as modules, and no 9p).
-//! With `-no-reboot` and `panic=-1` a panicking kernel makes qemu exit; a guest that powers off
-//! makes it exit 0 too, so only the channel's verdict frame says how the command ended.
+//! With `-no-reboot` and `panic=-1` a panicking kernel makes qemu exit; the guest's init ends with a
+//! restart, which makes it exit 0 too, so only the channel's verdict frame says how the command ended.
+//! Once that frame is in, qemu gets [`AFTER_VERDICT`] to exit before it is killed: a kernel that
+//! halts instead of restarting must not cost the whole timeout.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -23,6 +25,10 @@ use super::channel::{self, Tag, Verdict};
 
 /// Lines of console kept to explain a boot that went wrong.
 const TAIL_LINES: usize = 40;
+
+/// How long qemu may take to exit once the verdict frame is in (init drains the UART first, so
+/// nothing is lost by killing it; a restart takes well under a second under TCG).
+const AFTER_VERDICT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Accel {
@@ -157,11 +163,25 @@ impl Boot<'_> {
         };
 
         let mut killed = None;
+        let mut verdict_at = None;
         let status = loop {
             if let Some(s) = child.try_wait()? {
                 break s;
             }
-            let hello = shared.lock().expect("channel state").hello;
+            let (hello, verdict_in) = {
+                let s = shared.lock().expect("channel state");
+                (s.hello, s.verdict.is_some())
+            };
+            if verdict_in && verdict_at.is_none() {
+                verdict_at = Some(Instant::now());
+            }
+            if verdict_at.is_some_and(|t| t.elapsed() > AFTER_VERDICT) {
+                if self.verbose {
+                    eprintln!("fraglab vm: qemu still running {AFTER_VERDICT:?} after the verdict; killed");
+                }
+                let _ = child.kill();
+                break child.wait()?;
+            }
             if start.elapsed() > self.timeout {
                 killed = Some(false);
             } else if hello.is_none() && self.hello_within.is_some_and(|d| start.elapsed() > d) {
