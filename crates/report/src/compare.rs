@@ -10,6 +10,7 @@
 //! half-widths), significant above 1.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use fraglab_probe::snapshot::Snapshot;
@@ -164,6 +165,43 @@ impl RunData {
             }
         }
         Ok(RunData { label: label.to_string(), compaction: compaction(&run), plan, plan_from_text, run })
+    }
+
+    /// Several runs of one config on one kernel — an A/B's rounds of one side — as one run, so each
+    /// metric's sample is every iteration of every round. The first round's record and plan stand for
+    /// all of them (the caller sets the verdict and reason the side deserves); iterations are
+    /// renumbered so rounds stay apart; failed allocations are all kept; compaction deltas are summed
+    /// over the rounds that have them all.
+    pub fn pool(label: &str, dir: &Path, rounds: Vec<RunData>) -> Result<RunData> {
+        let mut rounds = rounds.into_iter();
+        let Some(mut pooled) = rounds.next() else { bail!("{label}: no round to pool") };
+        pooled.label = label.to_string();
+        pooled.run.dir = dir.to_path_buf();
+        let mut offset = pooled.run.workloads.iter().map(|w| w.iteration).max().unwrap_or(0);
+        for r in rounds {
+            let differences = config_differences(&pooled, &r);
+            if !differences.is_empty() {
+                bail!("{label}: its rounds ran different configs: {}", differences.join("; "));
+            }
+            let last = r.run.workloads.iter().map(|w| w.iteration).max().unwrap_or(0);
+            pooled.run.workloads.extend(r.run.workloads.into_iter().map(|mut w| {
+                w.iteration += offset;
+                w
+            }));
+            offset += last;
+            pooled.run.failures.extend(r.run.failures);
+            pooled.run.notes.extend(r.run.notes);
+            pooled.compaction = match (pooled.compaction.take(), r.compaction) {
+                (Some((src, mut sum)), Some((_, d))) if d.keys().eq(sum.keys()) => {
+                    for (k, v) in d {
+                        *sum.entry(k).or_default() += v;
+                    }
+                    Some((format!("{src}, summed over rounds"), sum))
+                }
+                _ => None,
+            };
+        }
+        Ok(pooled)
     }
 
     /// The [fragment] this run applied, judged by what it did rather than by its config: None when
@@ -384,6 +422,9 @@ pub struct Comparison {
     pub fragment: Vec<FragmentSide>,
     /// Failed allocations caught in the kernel, by order; one count per run.
     pub failures_by_order: Vec<CountRow>,
+    /// The same by order and call site (`8 pipe_resize_ring ← pipe_set_size`; `8 (no stack)` when
+    /// the catcher recorded none); one count per run.
+    pub failures_by_site: Vec<CountRow>,
     /// Workload failures by errno over all points and iterations; one count per run.
     pub errors_by_errno: Vec<CountRow>,
     /// Compaction counter deltas over each run.
@@ -727,10 +768,14 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
     }
 
     let mut orders: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    let mut sites: BTreeMap<(u32, String), Vec<u64>> = BTreeMap::new();
     let mut by_errno: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for (i, r) in runs.iter().enumerate() {
         for f in r.run.failed() {
             orders.entry(u64::from(f.order)).or_insert_with(|| vec![0; runs.len()])[i] += 1;
+            let site = fraglab_probe::stack::call_site(&f.stack)
+                .map_or_else(|| "(no stack)".to_string(), |s| s.to_string());
+            sites.entry((f.order, site)).or_insert_with(|| vec![0; runs.len()])[i] += 1;
         }
         for w in &r.run.workloads {
             for (e, n) in errno_counts(&w.result) {
@@ -759,6 +804,10 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
         failures_by_order: orders
             .into_iter()
             .map(|(o, counts)| CountRow { key: o.to_string(), counts })
+            .collect(),
+        failures_by_site: sites
+            .into_iter()
+            .map(|((o, site), counts)| CountRow { key: format!("{o} {site}"), counts })
             .collect(),
         errors_by_errno: by_errno.into_iter().map(|(e, counts)| CountRow { key: e, counts }).collect(),
         compaction,

@@ -8,6 +8,7 @@
 //! `data-phase="…"`; every section a `<section id="…">` with `data-run` for per-run parts. The
 //! document is well-formed XML as well as HTML.
 
+pub mod ab;
 pub mod compare;
 pub mod data;
 pub mod heatmap;

@@ -202,17 +202,32 @@ pub enum AccelArg {
   fraglab vm --kernel debian-cloud -- probe --json
   fraglab vm --kernel arch/x86/boot/bzImage --modules /tmp/mods -- workload sctp-connect --streams 65535
   fraglab vm --kernel debian-cloud --script test.sh --results out/   # several commands, one boot
+  fraglab vm --kernel base=/tmp/base/bzImage --kernel patched=/tmp/patched/bzImage --rounds 3 \\
+      -- run configs/sctp64k.toml                                      # A/B: does the patch change it?
+  fraglab vm --print-kconfig > fraglab.config                          # what a kernel you build needs
 
 The guest command runs in /results (also $FRAGLAB_RESULTS); what it writes there is copied to --results.
-Exit status: the guest command's own; 125 when the guest could not run it (no kernel, a panic, the timeout).")]
+Exit status: the guest command's own; 125 when the guest could not run it (no kernel, a panic, the timeout).
+With two kernels (A/B): 0 the patched kernel is no worse (\"fixed\" when only the base reproduces),
+1 it reproduces what the base does not or regresses significantly, 125 either side could not test.")]
 pub struct VmArgs {
-    /// Kernel to boot: a bzImage (arch/x86/boot/bzImage, /boot/vmlinuz-*), or `debian-cloud` to
-    /// fetch Debian's current cloud kernel with apt into ~/.cache/fraglab/kernels.
-    #[arg(long, value_name = "PATH|debian-cloud", required_unless_present = "guest_init")]
-    pub kernel: Option<String>,
+    /// Kernel to boot: a bzImage (arch/x86/boot/bzImage, /boot/vmlinuz-*), `debian-cloud` for
+    /// Debian's current cloud kernel or `debian-cloud:ABI` for one build (`debian-cloud:6.1.0-47`),
+    /// fetched with apt into ~/.cache/fraglab/kernels. Give it twice, as `LABEL=KERNEL` if you like
+    /// (default labels base, patched), for an A/B of `-- run CONFIG`: base first.
+    #[arg(long, value_name = "[LABEL=]PATH|debian-cloud[:ABI]", required_unless_present_any = ["guest_init", "print_kconfig"])]
+    pub kernel: Vec<String>,
     /// The kernel's modules: lib/modules/<release>, or the INSTALL_MOD_PATH of `make modules_install`.
-    #[arg(long, value_name = "DIR")]
-    pub modules: Option<PathBuf>,
+    /// With two kernels, `LABEL=DIR` says whose.
+    #[arg(long, value_name = "[LABEL=]DIR")]
+    pub modules: Vec<String>,
+    /// With two kernels: boot each this many times, interleaved (base, patched, base, …) [default: 3].
+    #[arg(long, value_name = "N")]
+    pub rounds: Option<u32>,
+    /// Print the kconfig fragment a kernel needs for everything fraglab does under `fraglab vm`, to
+    /// merge with scripts/kconfig/merge_config.sh onto tinyconfig or defconfig.
+    #[arg(long, exclusive = true)]
+    pub print_kconfig: bool,
     /// Also load this module (with its dependencies); sctp is loaded whenever the kernel has it.
     #[arg(long = "module", value_name = "NAME")]
     pub module: Vec<String>,

@@ -344,6 +344,13 @@ pub fn text(c: &Comparison) -> String {
             rows.push(std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect());
         }
         o += &columns(&rows, true);
+        o += "  by order and call site (the first function outside the allocator ← its caller)\n";
+        let mut rows =
+            vec![std::iter::once("order site".to_string()).chain(labels.iter().cloned()).collect::<Vec<_>>()];
+        for r in &c.failures_by_site {
+            rows.push(std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect());
+        }
+        o += &columns(&rows, true);
     }
 
     o += "\nWorkload failures by errno (workloads.json, all points and iterations)\n";
@@ -494,6 +501,13 @@ pub fn markdown(c: &Comparison) -> String {
             .map(|r| std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect())
             .collect();
         o += &md_table(&header("order"), &rows);
+        o += "\n";
+        let rows: Vec<Vec<String>> = c
+            .failures_by_site
+            .iter()
+            .map(|r| std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect())
+            .collect();
+        o += &md_table(&header("order and call site"), &rows);
         o += "\n";
     }
     o += "## Workload failures by errno\n\n";

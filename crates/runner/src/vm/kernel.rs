@@ -21,10 +21,41 @@ pub struct Kernel {
 /// The `--kernel` value that fetches Debian's cloud kernel.
 pub const DEBIAN_CLOUD: &str = "debian-cloud";
 
+/// One `--kernel` value: `[LABEL=]KERNEL`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelArg {
+    pub label: Option<String>,
+    /// A path, `debian-cloud` or `debian-cloud:ABI`.
+    pub spec: String,
+}
+
+impl KernelArg {
+    /// `base=/tmp/b/bzImage` → label `base`. A value that is an existing file, or whose part before
+    /// `=` is not a plain name (letters, digits, `_`, `-`, `.`), is all kernel.
+    pub fn parse(value: &str) -> KernelArg {
+        match value.split_once('=') {
+            Some((label, spec)) if is_label(label) && !Path::new(value).exists() => {
+                KernelArg { label: Some(label.to_string()), spec: spec.to_string() }
+            }
+            _ => KernelArg { label: None, spec: value.to_string() },
+        }
+    }
+}
+
+/// A name for a kernel and its results directories.
+pub fn is_label(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) && !s.starts_with('.')
+}
+
 /// Resolve `--kernel` and `--modules`.
 pub fn resolve(kernel: &str, modules: Option<&Path>, cache: &Path, verbose: bool) -> Result<Kernel> {
     let mut k = if kernel == DEBIAN_CLOUD {
-        debian_cloud(cache, verbose)?
+        debian_cloud(cache, None, verbose)?
+    } else if let Some(abi) = kernel.strip_prefix(DEBIAN_CLOUD).and_then(|r| r.strip_prefix(':')) {
+        if abi.is_empty() || !abi.chars().all(|c| c.is_ascii_alphanumeric() || "-.".contains(c)) {
+            bail!("--kernel {kernel}: give Debian's ABI after the colon, e.g. debian-cloud:6.1.0-47");
+        }
+        debian_cloud(cache, Some(abi), verbose)?
     } else {
         let image = PathBuf::from(kernel);
         let bytes = std::fs::read(&image).with_context(|| format!("--kernel {kernel}: cannot read it"))?;
@@ -112,18 +143,23 @@ fn run(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Debian's current cloud kernel: the package `linux-image-cloud-amd64` depends on, downloaded and
-/// unpacked once per version into `<cache>/kernels/<package>_<version>/`.
-fn debian_cloud(cache: &Path, verbose: bool) -> Result<Kernel> {
+/// Debian's cloud kernel: the package `linux-image-cloud-amd64` depends on, or with `abi` (`6.1.0-47`)
+/// `linux-image-<abi>-cloud-amd64`, downloaded and unpacked once per version into
+/// `<cache>/kernels/<package>_<version>/`.
+fn debian_cloud(cache: &Path, abi: Option<&str>, verbose: bool) -> Result<Kernel> {
     let kernels = cache.join("kernels");
-    let resolved = run(Command::new("apt-cache").args(["depends", "linux-image-cloud-amd64"]))
-        .ok()
-        .and_then(|t| parse_depends(&t))
-        .and_then(|pkg| {
-            let show = run(Command::new("apt-cache").args(["show", "--no-all-versions", &pkg])).ok()?;
-            let version = show.lines().find_map(|l| l.strip_prefix("Version: "))?.trim().to_string();
-            Some((pkg, version))
-        });
+    let wanted = abi.map(|a| format!("linux-image-{a}-cloud-amd64"));
+    let package = match &wanted {
+        Some(p) => Some(p.clone()),
+        None => run(Command::new("apt-cache").args(["depends", "linux-image-cloud-amd64"]))
+            .ok()
+            .and_then(|t| parse_depends(&t)),
+    };
+    let resolved = package.and_then(|pkg| {
+        let show = run(Command::new("apt-cache").args(["show", "--no-all-versions", &pkg])).ok()?;
+        let version = show.lines().find_map(|l| l.strip_prefix("Version: "))?.trim().to_string();
+        Some((pkg, version))
+    });
     let dir = match resolved {
         Some((pkg, version)) => {
             let dir = kernels.join(format!("{pkg}_{version}"));
@@ -133,22 +169,34 @@ fn debian_cloud(cache: &Path, verbose: bool) -> Result<Kernel> {
             dir
         }
         None => {
-            // No apt lists (or no apt): use the newest kernel already fetched, if any.
+            // No apt lists (or no apt): use the newest matching kernel already fetched, if any.
+            let prefix = wanted.as_ref().map_or_else(|| "linux-image-".to_string(), |p| format!("{p}_"));
             let mut cached: Vec<PathBuf> = std::fs::read_dir(&kernels)
-                .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.join("boot").is_dir()).collect())
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.path())
+                        .filter(|p| p.join("boot").is_dir())
+                        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&prefix)))
+                        .collect()
+                })
                 .unwrap_or_default();
             cached.sort();
+            let what = wanted.as_deref().unwrap_or("linux-image-cloud-amd64");
             match cached.pop() {
                 Some(d) => {
                     eprintln!(
-                        "fraglab vm: apt-cache does not know linux-image-cloud-amd64 (run `apt-get update`); \
-                         using the cached {}",
+                        "fraglab vm: apt-cache does not know {what} (run `apt-get update`); using the cached {}",
                         d.display()
                     );
                     d
                 }
+                None if abi.is_some() => bail!(
+                    "--kernel debian-cloud:{}: apt-cache does not know {what}. Run `apt-get update`; \
+                     `apt-cache search --names-only 'linux-image-.*-cloud-amd64$'` lists the builds Debian has",
+                    abi.unwrap_or_default()
+                ),
                 None => bail!(
-                    "--kernel debian-cloud: apt-cache does not know linux-image-cloud-amd64. On Debian, run \
+                    "--kernel debian-cloud: apt-cache does not know {what}. On Debian, run \
                      `apt-get update` first; elsewhere give --kernel PATH to a bzImage"
                 ),
             }
@@ -216,6 +264,20 @@ pub fn cache_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_args_take_a_label_before_an_equals_sign() {
+        let parse = |s: &str| {
+            let k = KernelArg::parse(s);
+            (k.label, k.spec)
+        };
+        assert_eq!(parse("base=/tmp/b/bzImage"), (Some("base".into()), "/tmp/b/bzImage".into()));
+        assert_eq!(parse("debian-cloud:6.1.0-47"), (None, "debian-cloud:6.1.0-47".into()));
+        assert_eq!(parse("old=debian-cloud:6.1.0-47"), (Some("old".into()), "debian-cloud:6.1.0-47".into()));
+        // Not a plain name before `=`: all of it is the path.
+        assert_eq!(parse("/tmp/a=b/bzImage"), (None, "/tmp/a=b/bzImage".into()));
+        assert_eq!(parse("=x"), (None, "=x".into()));
+    }
 
     #[test]
     fn depends_names_the_versioned_package() {

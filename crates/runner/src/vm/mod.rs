@@ -6,6 +6,7 @@
 //! static fraglab as PID 1), [`qemu`] (the boot, the timeout), [`channel`] (guest → host frames on a
 //! serial port) and [`init`] (the guest side). docs/vm.md has the why of each choice.
 
+pub mod ab;
 pub mod channel;
 pub mod elf;
 pub mod guestbin;
@@ -31,6 +32,10 @@ pub fn run(args: VmArgs) -> Result<Exit> {
     if args.guest_init {
         init::run();
     }
+    if args.print_kconfig {
+        print!("{}", KCONFIG);
+        return Ok(Exit::Ok);
+    }
     match host(args) {
         Ok(code) => Ok(code),
         Err(e) => {
@@ -40,8 +45,12 @@ pub fn run(args: VmArgs) -> Result<Exit> {
     }
 }
 
+/// The kconfig fragment `--print-kconfig` prints: what a kernel needs for everything fraglab does in
+/// a guest, each option with the reason.
+pub const KCONFIG: &str = include_str!("fraglab.config");
+
 /// Checked flags.
-struct Plan {
+pub(crate) struct Plan {
     mem_mib: u64,
     timeout: Duration,
     argv: Vec<String>,
@@ -51,6 +60,8 @@ struct Plan {
     /// Where the guest's /results goes: `--results`, else for `run` the current directory, so the
     /// run's results directory lands where a run here would have put it.
     results: Option<PathBuf>,
+    /// Write the guest command's stdout and stderr here instead of to ours (an A/B's rounds).
+    guest_output: Option<PathBuf>,
 }
 
 struct Carried {
@@ -58,7 +69,7 @@ struct Carried {
     guest: String,
 }
 
-fn check(args: &VmArgs) -> Result<Plan> {
+pub(crate) fn check(args: &VmArgs) -> Result<Plan> {
     let mem = parse_size(&args.mem).map_err(|e| anyhow::anyhow!("--mem: {e}"))?;
     if mem < (128 << 20) {
         bail!("--mem {}: give at least 128MiB", format_size(mem));
@@ -92,7 +103,7 @@ fn check(args: &VmArgs) -> Result<Plan> {
         }
     }
     let results = args.results.clone().or_else(|| is_run.then(|| PathBuf::from(".")));
-    Ok(Plan { mem_mib: mem >> 20, timeout, argv, carried, results })
+    Ok(Plan { mem_mib: mem >> 20, timeout, argv, carried, results, guest_output: None })
 }
 
 /// The host files a guest fraglab command reads, with where the guest will look for them, and
@@ -190,39 +201,118 @@ fn guest_path(host: &Path) -> String {
 }
 
 fn host(args: VmArgs) -> Result<Exit> {
+    if args.kernel.len() > 1 {
+        return ab::run(&args);
+    }
     let plan = check(&args)?;
+    let kernels = kernel_args(&args)?;
+    if args.rounds.is_some() {
+        bail!("--rounds repeats an A/B: give two --kernel (the base first, then the patched)");
+    }
     let cache = kernel::cache_dir();
-    let kernel_arg = args.kernel.as_deref().context("--kernel is required")?;
-    let k = kernel::resolve(kernel_arg, args.modules.as_deref(), &cache, args.verbose)?;
+    let (arg, modules) = &kernels[0];
+    let k = kernel::resolve(&arg.spec, modules.as_deref(), &cache, args.verbose)?;
+    let guest = Guest::prepare(&args, &plan, k)?;
+    let result = boot_and_report(&args, &plan, &guest, &cache);
+    guest.clean_up(args.keep);
+    result
+}
 
-    let work = workdir()?;
-    let result = (|| -> Result<Exit> {
-        let initrd = work.join("initramfs.cpio");
-        let fs = build_initramfs(&args, &plan, &k)?;
-        fs.write_file(&initrd)?;
-        if args.verbose {
-            eprintln!(
-                "fraglab vm: kernel {} ({}), initramfs {} in {}",
-                k.image.display(),
-                k.release.as_deref().unwrap_or("release unknown"),
-                format_size(fs.data_bytes()),
-                work.display()
+/// `--kernel` values with the `--modules` each one gets. One kernel takes a bare `--modules DIR`;
+/// two take `LABEL=DIR`, by the labels their `--kernel` values give (default `base`, `patched`).
+pub(crate) fn kernel_args(args: &VmArgs) -> Result<Vec<(kernel::KernelArg, Option<PathBuf>)>> {
+    let mut kernels: Vec<kernel::KernelArg> =
+        args.kernel.iter().map(|k| kernel::KernelArg::parse(k)).collect();
+    match kernels.len() {
+        0 => bail!("--kernel is required"),
+        1 | 2 => {}
+        n => bail!(
+            "--kernel given {n} times: give one kernel, or two for an A/B (the base first, then the patched)"
+        ),
+    }
+    if kernels.len() == 2 {
+        for (k, default) in kernels.iter_mut().zip(ab::DEFAULT_LABELS) {
+            k.label.get_or_insert_with(|| default.to_string());
+        }
+        if kernels[0].label == kernels[1].label {
+            bail!(
+                "--kernel: both kernels are labelled {:?}; give each its own LABEL=",
+                kernels[0].label.as_deref().unwrap_or("")
             );
         }
-        boot_and_report(&args, &plan, &k, &initrd, &work, &cache)
-    })();
-    if args.keep {
-        eprintln!("fraglab vm: work directory kept: {}", work.display());
-    } else if work.join(CONSOLE_CITED).exists() {
-        // Keep the console log the message pointed at; drop the bulky rest.
-        for f in ["initramfs.cpio", "channel.sock"] {
-            let _ = std::fs::remove_file(work.join(f));
-        }
-        let _ = std::fs::remove_dir_all(work.join("results"));
-    } else {
-        let _ = std::fs::remove_dir_all(&work);
     }
-    result
+    let mut modules: Vec<Option<PathBuf>> = vec![None; kernels.len()];
+    for m in &args.modules {
+        let labelled = m.split_once('=').and_then(|(label, dir)| {
+            kernels.iter().position(|k| k.label.as_deref() == Some(label)).map(|i| (i, dir))
+        });
+        let (i, dir) = match labelled {
+            Some((i, dir)) if !Path::new(m).exists() => (i, dir),
+            _ if kernels.len() == 1 => (0, m.as_str()),
+            _ => bail!(
+                "--modules {m}: with two kernels, say whose: --modules {}=DIR or --modules {}=DIR",
+                kernels[0].label.as_deref().unwrap_or_default(),
+                kernels[1].label.as_deref().unwrap_or_default()
+            ),
+        };
+        if modules[i].replace(PathBuf::from(dir)).is_some() {
+            bail!("--modules given twice for the same kernel");
+        }
+    }
+    Ok(kernels.into_iter().zip(modules).collect())
+}
+
+/// A kernel ready to boot: its image, and an initramfs built for it in a work directory of its own
+/// (which also takes each boot's console.log).
+pub(crate) struct Guest {
+    kernel: kernel::Kernel,
+    initrd: PathBuf,
+    work: PathBuf,
+}
+
+impl Guest {
+    fn prepare(args: &VmArgs, plan: &Plan, kernel: kernel::Kernel) -> Result<Guest> {
+        let work = workdir()?;
+        let guest = Guest { initrd: work.join("initramfs.cpio"), kernel, work };
+        let built = build_initramfs(args, plan, &guest.kernel).and_then(|fs| {
+            fs.write_file(&guest.initrd)?;
+            Ok(fs)
+        });
+        match built {
+            Ok(fs) if args.verbose => eprintln!(
+                "fraglab vm: kernel {} ({}), initramfs {} in {}",
+                guest.kernel.image.display(),
+                guest.kernel.release.as_deref().unwrap_or("release unknown"),
+                format_size(fs.data_bytes()),
+                guest.work.display()
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                guest.clean_up(args.keep);
+                return Err(e);
+            }
+        }
+        Ok(guest)
+    }
+
+    fn console_log(&self) -> PathBuf {
+        self.work.join("console.log")
+    }
+
+    fn clean_up(&self, keep: bool) {
+        let work = &self.work;
+        if keep {
+            eprintln!("fraglab vm: work directory kept: {}", work.display());
+        } else if work.join(CONSOLE_CITED).exists() {
+            // Keep the console log the message pointed at; drop the bulky rest.
+            for f in ["initramfs.cpio", "channel.sock"] {
+                let _ = std::fs::remove_file(work.join(f));
+            }
+            let _ = std::fs::remove_dir_all(work.join("results"));
+        } else {
+            let _ = std::fs::remove_dir_all(work);
+        }
+    }
 }
 
 fn workdir() -> Result<PathBuf> {
@@ -354,14 +444,8 @@ fn cmdline(args: &VmArgs) -> String {
     c
 }
 
-fn boot_and_report(
-    args: &VmArgs,
-    plan: &Plan,
-    k: &kernel::Kernel,
-    initrd: &Path,
-    work: &Path,
-    cache: &Path,
-) -> Result<Exit> {
+fn boot_and_report(args: &VmArgs, plan: &Plan, guest: &Guest, cache: &Path) -> Result<Exit> {
+    let (k, initrd, work) = (&guest.kernel, guest.initrd.as_path(), guest.work.as_path());
     let memo = qemu::accel_memo(cache);
     let mut accel = match args.accel {
         AccelArg::Kvm => Accel::Kvm,
@@ -387,6 +471,7 @@ fn boot_and_report(
             timeout: plan.timeout,
             verbose: args.verbose,
             workdir: work,
+            output: plan.guest_output.as_deref(),
             // A KVM guest reaches init in a second or two; one that hangs instead is a host whose KVM
             // cannot run this guest (a PVM host): fall back to TCG and remember.
             hello_within: (args.accel == AccelArg::Auto && accel == Accel::Kvm)

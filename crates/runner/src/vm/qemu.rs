@@ -56,6 +56,8 @@ pub struct Boot<'a> {
     pub timeout: Duration,
     pub verbose: bool,
     pub workdir: &'a Path,
+    /// Where the guest command's stdout and stderr go instead of ours (one file, as they come).
+    pub output: Option<&'a Path>,
     /// Give up early when the guest's init has not spoken within this long (KVM that cannot boot
     /// this guest hangs rather than fails).
     pub hello_within: Option<Duration>,
@@ -155,11 +157,17 @@ impl Boot<'_> {
         };
         let shared = Arc::new(Mutex::new(Shared::default()));
         let stop = Arc::new(AtomicBool::new(false));
+        let sink = match self.output {
+            Some(p) => {
+                Some(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?)
+            }
+            None => None,
+        };
         let chan = {
             let shared = Arc::clone(&shared);
             let stop = Arc::clone(&stop);
             let verbose = self.verbose;
-            std::thread::spawn(move || channel_reader(listener, &shared, &stop, verbose))
+            std::thread::spawn(move || channel_reader(listener, &shared, &stop, verbose, sink))
         };
 
         let mut killed = None;
@@ -261,7 +269,13 @@ fn panic_line(line: &str) -> Option<String> {
     line.find("Kernel panic - not syncing").map(|i| line[i..].to_string())
 }
 
-fn channel_reader(listener: UnixListener, shared: &Mutex<Shared>, stop: &AtomicBool, verbose: bool) {
+fn channel_reader(
+    listener: UnixListener,
+    shared: &Mutex<Shared>,
+    stop: &AtomicBool,
+    verbose: bool,
+    mut sink: Option<std::fs::File>,
+) {
     let stream = loop {
         match listener.accept() {
             Ok((s, _)) => break s,
@@ -295,26 +309,31 @@ fn channel_reader(listener: UnixListener, shared: &Mutex<Shared>, stop: &AtomicB
                 return;
             }
         };
-        match tag {
-            Tag::Stdout => {
-                let mut o = std::io::stdout().lock();
-                let _ = o.write_all(&payload);
-                let _ = o.flush();
+        match (tag, sink.as_mut()) {
+            (Tag::Stdout | Tag::Stderr, Some(f)) => {
+                let _ = f.write_all(&payload);
             }
-            Tag::Stderr => {
-                let _ = std::io::stderr().lock().write_all(&payload);
-            }
-            Tag::Log if verbose => {
-                eprintln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end())
-            }
-            Tag::Log => {}
-            Tag::Warn => eprintln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end()),
-            Tag::Results => shared.lock().expect("channel state").results.extend_from_slice(&payload),
-            Tag::Exit => {
-                let v = serde_json::from_slice::<Verdict>(&payload)
-                    .unwrap_or_else(|e| Verdict::InitFailed(format!("unreadable verdict: {e}")));
-                shared.lock().expect("channel state").verdict = Some(v);
-            }
+            (tag, _) => match tag {
+                Tag::Stdout => {
+                    let mut o = std::io::stdout().lock();
+                    let _ = o.write_all(&payload);
+                    let _ = o.flush();
+                }
+                Tag::Stderr => {
+                    let _ = std::io::stderr().lock().write_all(&payload);
+                }
+                Tag::Log if verbose => {
+                    eprintln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end())
+                }
+                Tag::Log => {}
+                Tag::Warn => eprintln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end()),
+                Tag::Results => shared.lock().expect("channel state").results.extend_from_slice(&payload),
+                Tag::Exit => {
+                    let v = serde_json::from_slice::<Verdict>(&payload)
+                        .unwrap_or_else(|e| Verdict::InitFailed(format!("unreadable verdict: {e}")));
+                    shared.lock().expect("channel state").verdict = Some(v);
+                }
+            },
         }
     }
 }
