@@ -93,7 +93,12 @@ fn check(args: &VmArgs) -> Result<AbPlan> {
 /// anything boots, as `fraglab run` refuses a bad config (a bisection stops rather than skips); a
 /// kernel that cannot be fetched, read or booted is 125, as for one kernel.
 pub(super) fn run(args: &VmArgs) -> Result<Exit> {
-    let checked = super::kernel_args(args).and_then(|k| Ok((k, super::check(args)?, check(args)?)));
+    let checked = super::kernel_args(args).and_then(|k| {
+        if k.len() != 2 {
+            bail!("--rounds repeats an A/B: give two --kernel (the base first, then the patched)");
+        }
+        Ok((k, super::check(args)?, check(args)?))
+    });
     let (kernels, plan, ab_plan) = match checked {
         Ok(c) => c,
         Err(e) => {

@@ -201,14 +201,11 @@ fn guest_path(host: &Path) -> String {
 }
 
 fn host(args: VmArgs) -> Result<Exit> {
-    if args.kernel.len() > 1 {
+    if args.kernel.len() > 1 || args.rounds.is_some() {
         return ab::run(&args);
     }
     let plan = check(&args)?;
     let kernels = kernel_args(&args)?;
-    if args.rounds.is_some() {
-        bail!("--rounds repeats an A/B: give two --kernel (the base first, then the patched)");
-    }
     let cache = kernel::cache_dir();
     let (arg, modules) = &kernels[0];
     let k = kernel::resolve(&arg.spec, modules.as_deref(), &cache, args.verbose)?;
