@@ -451,9 +451,11 @@ pub fn preflight(plan: &RunPlan, how: Check) -> std::result::Result<(), String> 
     }
     // fs/locks.c makes /proc/locks; without it flock(2) is ENOSYS and the instance lock cannot be taken.
     if !std::path::Path::new("/proc/locks").exists() {
-        return Err("this kernel has no file locking (CONFIG_FILE_LOCKING; no /proc/locks): fraglab's flock \
+        return Err(
+            "this kernel has no file locking (CONFIG_FILE_LOCKING; no /proc/locks): fraglab's flock \
                     keeps it the only one changing the kernel"
-            .into());
+                .into(),
+        );
     }
     let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
     if !filesystems.lines().any(|l| l.split_whitespace().last() == Some("tracefs")) {

@@ -46,7 +46,8 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(d.join("configs")).unwrap();
     for c in ["pipe-highorder", "sctp64k"] {
-        std::fs::copy(checkout().join(format!("configs/{c}.toml")), d.join(format!("configs/{c}.toml"))).unwrap();
+        std::fs::copy(checkout().join(format!("configs/{c}.toml")), d.join(format!("configs/{c}.toml")))
+            .unwrap();
     }
     d
 }
@@ -83,7 +84,8 @@ fn a_tinyconfig_kernel_with_the_fragment_runs_fraglab() {
     let dir = scratch("base");
     // --timeout far above what each needs (a few seconds): a guest that halted instead of ending
     // would come back as 125 "timed out … the command did not finish".
-    let vm = |args: &[&str]| fraglab_in(&dir, &[&["vm", "--kernel", &base, "--timeout", "300s"], args].concat());
+    let vm =
+        |args: &[&str]| fraglab_in(&dir, &[&["vm", "--kernel", &base, "--timeout", "300s"], args].concat());
 
     let out = vm(&["--", "probe", "--json"]);
     assert_eq!(out.status.code(), Some(0));
@@ -99,7 +101,9 @@ fn a_tinyconfig_kernel_with_the_fragment_runs_fraglab() {
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .filter(|f| f["order"] == 8)
-        .filter(|f| f["stack"].as_array().unwrap().iter().any(|s| s.as_str().unwrap().starts_with("pipe_resize_ring")))
+        .filter(|f| {
+            f["stack"].as_array().unwrap().iter().any(|s| s.as_str().unwrap().starts_with("pipe_resize_ring"))
+        })
         .count();
     assert!(named > 0, "order-8 failures with pipe_resize_ring named in their stacks: {failures}");
 
@@ -125,7 +129,20 @@ fn ab_on_real_patches_says_regression_and_fixed() {
         let config_path = format!("configs/{config}.toml");
         let out = fraglab_in(
             &dir,
-            &["vm", "--kernel", &base, "--kernel", &patched, "--rounds", "1", "--timeout", "600s", "--", "run", &config_path],
+            &[
+                "vm",
+                "--kernel",
+                &base,
+                "--kernel",
+                &patched,
+                "--rounds",
+                "1",
+                "--timeout",
+                "600s",
+                "--",
+                "run",
+                &config_path,
+            ],
         );
         assert_eq!(out.status.code(), Some(exit), "{patch} on {config}");
         let ab = only_entry(&dir.join("results"));

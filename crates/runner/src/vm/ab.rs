@@ -15,15 +15,12 @@ use fraglab_results::record::{RunStatus, Verdict};
 use fraglab_results::SCHEMA;
 use serde::Serialize;
 
+use super::boot::{boot_and_report, Guest, Plan};
 use super::kernel;
-use super::{boot_and_report, Guest, Plan};
 use clap::Parser;
 
 use crate::cli::{Cli, Command, VmArgs};
 use crate::exit::Exit;
-
-/// Labels of the two kernels when `--kernel` gives none: the first is the base.
-pub const DEFAULT_LABELS: [&str; 2] = ["base", "patched"];
 
 /// Rounds per kernel without `--rounds`: the fewest that give each side a spread for Welch's test
 /// and a second chance to see a failure, and still fit a coffee under TCG.
@@ -93,11 +90,11 @@ fn check(args: &VmArgs) -> Result<AbPlan> {
 /// anything boots, as `fraglab run` refuses a bad config (a bisection stops rather than skips); a
 /// kernel that cannot be fetched, read or booted is 125, as for one kernel.
 pub(super) fn run(args: &VmArgs) -> Result<Exit> {
-    let checked = super::kernel_args(args).and_then(|k| {
+    let checked = super::boot::kernel_args(args).and_then(|k| {
         if k.len() != 2 {
             bail!("--rounds repeats an A/B: give two --kernel (the base first, then the patched)");
         }
-        Ok((k, super::check(args)?, check(args)?))
+        Ok((k, super::boot::check(args)?, check(args)?))
     });
     let (kernels, plan, ab_plan) = match checked {
         Ok(c) => c,
