@@ -254,6 +254,19 @@ pub fn open_lock_file(path: &Path) -> Result<File> {
         .with_context(|| format!("cannot open {}", path.display()))
 }
 
+/// The kernel has no file locking (`CONFIG_FILE_LOCKING`): fraglab cannot make sure it is the only
+/// one changing this kernel. A typed error, so commands can say "could not test" (125) rather than
+/// fail: the kernel lacks something, the command is not wrong.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "this kernel has no file locking (CONFIG_FILE_LOCKING): flock on {} failed (ENOSYS); fraglab needs it \
+     to know it is the only one changing this kernel (`fraglab vm --print-kconfig` lists what a kernel needs)",
+    path.display()
+)]
+pub struct NoFileLocking {
+    pub path: PathBuf,
+}
+
 /// Take an exclusive flock without waiting; the kernel drops it when the holder dies. `Ok(false)`:
 /// another process holds it. Any other failure is an error, so that a kernel that cannot lock at all
 /// is never taken for one where another fraglab is running.
@@ -267,12 +280,7 @@ pub fn try_lock(file: &File, path: &Path) -> Result<bool> {
     match err.raw_os_error() {
         Some(libc::EWOULDBLOCK) => Ok(false),
         // Without CONFIG_FILE_LOCKING flock(2) is the kernel's "not implemented" stub.
-        Some(libc::ENOSYS) => bail!(
-            "this kernel has no file locking (CONFIG_FILE_LOCKING): flock on {} failed ({err}); \
-             fraglab needs it to know it is the only one changing this kernel (`fraglab vm --print-kconfig` \
-             lists what a kernel needs)",
-            path.display()
-        ),
+        Some(libc::ENOSYS) => Err(NoFileLocking { path: path.to_path_buf() }.into()),
         _ => bail!("cannot lock {}: flock: {err}", path.display()),
     }
 }

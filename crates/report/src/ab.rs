@@ -1,14 +1,17 @@
 //! An A/B of two kernels: rounds of one `fraglab run` on a base and a patched kernel, judged as one
-//! answer a CI job or `git bisect run` can act on. The rule (docs/patch-testing.md):
+//! answer a CI job or `git bisect run` can act on. The rule (docs/vm.md, "A/B: two kernels, one
+//! command"):
 //!
 //! - a side **reproduced** when any of its rounds did (a failure seen once is a fact about that
 //!   kernel); otherwise it **could not test** when any round could not (a round that did not hold its
 //!   conditions cannot vouch for "not reproduced"); otherwise it did **not reproduce**;
-//! - either side could not test → 125;
+//! - either side could not test, or the rounds ran under different accelerators → 125;
+//! - the patched kernel oopsed or warned (tainted D or W) and the base did not → 1, **regression**;
 //! - the base reproduced and the patched did not → 0, **fixed**;
 //! - the patched reproduced and the base did not → 1, **regression**;
 //! - the same verdict → 1 when any workload metric is significantly worse on the patched kernel
-//!   (mmtests' ratio > 1, from [`crate::compare`]), else 0, **no change**.
+//!   (mmtests' ratio > 1, from [`crate::compare`]), else 0, **no change** — and 125 when the
+//!   metrics could not be compared at all, since "no change" would then be unchecked.
 
 use std::path::PathBuf;
 
@@ -35,6 +38,20 @@ pub struct Round {
     pub reason: String,
     /// Wall-clock seconds of the boot, qemu start to exit.
     pub seconds: f64,
+    /// `kvm` or `tcg`: timings of the two do not compare.
+    #[serde(default)]
+    pub accel: String,
+    /// What the guest's init warned about: a module that did not load, the kernel tainted by an
+    /// oops (D) or a WARN (W) during the run.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+impl Round {
+    /// The kernel oopsed or warned during this round (init checks /proc/sys/kernel/tainted).
+    pub fn tainted(&self) -> Option<&str> {
+        self.warnings.iter().find(|w| w.contains("is tainted")).map(String::as_str)
+    }
 }
 
 /// One kernel over all its rounds.
@@ -52,6 +69,8 @@ pub struct Side {
     /// The reason behind the side's verdict: the first reproducing round's, or the first round that
     /// could not test.
     pub reason: String,
+    /// Rounds whose kernel oopsed or warned, with init's words: `(round, warning)`.
+    pub tainted: Vec<(u32, String)>,
 }
 
 impl Side {
@@ -82,6 +101,7 @@ impl Side {
             could_not_test,
             reason: why
                 .map_or_else(|| "no round ran".to_string(), |r| format!("round {}: {}", r.round, r.reason)),
+            tainted: mine.iter().filter_map(|r| Some((r.round, r.tainted()?.to_string()))).collect(),
         }
     }
 
@@ -140,9 +160,14 @@ pub struct Judgement {
     pub better: Vec<String>,
 }
 
-/// Judge `patched` against `base`; `comparison` is the pooled base-vs-patched comparison, when both
-/// sides have results to compare.
-pub fn judge(base: &Side, patched: &Side, comparison: Option<&Comparison>) -> Judgement {
+/// Judge `patched` against `base`; `comparison` is the pooled base-vs-patched comparison, or why
+/// there is none; `accels` the accelerators the rounds ran under.
+pub fn judge(
+    base: &Side,
+    patched: &Side,
+    comparison: Result<&Comparison, &str>,
+    accels: &[&str],
+) -> Judgement {
     let (mut worse, mut better) = (Vec::new(), Vec::new());
     for row in comparison.map(|c| c.metrics.as_slice()).unwrap_or_default() {
         let Some(Some(side)) = row.sides.get(1) else { continue };
@@ -156,6 +181,9 @@ pub fn judge(base: &Side, patched: &Side, comparison: Option<&Comparison>) -> Ju
         }
     }
     let (b, p) = (&base.label, &patched.label);
+    let mut kinds: Vec<&str> = accels.to_vec();
+    kinds.sort_unstable();
+    kinds.dedup();
     let (change, reason) = match (base.verdict, patched.verdict) {
         (Verdict::CouldNotTest | Verdict::Interrupted, _) => {
             (Change::CouldNotTest, format!("{b} could not test: {}", base.reason))
@@ -163,6 +191,21 @@ pub fn judge(base: &Side, patched: &Side, comparison: Option<&Comparison>) -> Ju
         (_, Verdict::CouldNotTest | Verdict::Interrupted) => {
             (Change::CouldNotTest, format!("{p} could not test: {}", patched.reason))
         }
+        _ if kinds.len() > 1 => (
+            Change::CouldNotTest,
+            format!(
+                "the rounds ran under different accelerators ({}): their timings do not compare",
+                kinds.join(", ")
+            ),
+        ),
+        // A patch that makes the kernel oops or WARN is a regression whatever the scenario says.
+        _ if !patched.tainted.is_empty() && base.tainted.is_empty() => (
+            Change::Regression,
+            format!(
+                "{p}'s kernel oopsed or warned (round {}: {}); {b}'s did not",
+                patched.tainted[0].0, patched.tainted[0].1
+            ),
+        ),
         (Verdict::Reproduced, Verdict::NotReproduced) => {
             (Change::Fixed, format!("{b} {}; {p} {}: the patch fixes it", base.tally(), patched.tally()))
         }
@@ -173,6 +216,14 @@ pub fn judge(base: &Side, patched: &Side, comparison: Option<&Comparison>) -> Ju
                 patched.tally(),
                 patched.reason,
                 base.tally()
+            ),
+        ),
+        (v, w) if v == w && comparison.is_err() => (
+            Change::CouldNotTest,
+            format!(
+                "both {}, and their metrics could not be compared ({}): \"no change\" would be unchecked",
+                v.name(),
+                comparison.err().unwrap_or_default()
             ),
         ),
         _ if !worse.is_empty() => (
@@ -214,6 +265,8 @@ mod tests {
             verdict,
             reason: format!("{} {n}", verdict.name()),
             seconds: 1.0,
+            accel: "tcg".into(),
+            warnings: Vec::new(),
         }
     }
 
@@ -243,11 +296,27 @@ mod tests {
         assert_eq!(none.verdict, C, "a side with no round cannot say anything");
     }
 
+    fn empty_comparison() -> Comparison {
+        Comparison {
+            baseline: "base".into(),
+            runs: Vec::new(),
+            warnings: Vec::new(),
+            notes: Vec::new(),
+            metrics: Vec::new(),
+            fragment: Vec::new(),
+            failures_by_order: Vec::new(),
+            failures_by_site: Vec::new(),
+            errors_by_errno: Vec::new(),
+            compaction: Vec::new(),
+        }
+    }
+
     #[test]
     fn the_exit_rule() {
+        let c = empty_comparison();
         let j = |base: &[Verdict], patched: &[Verdict]| {
             let (a, b) = sides(base, patched);
-            judge(&a, &b, None)
+            judge(&a, &b, Ok(&c), &["tcg"])
         };
         assert_eq!(j(&[R, R], &[N, N]).change, Change::Fixed);
         assert_eq!(j(&[R, R], &[N, N]).change.exit_code(), 0);
@@ -262,5 +331,34 @@ mod tests {
         assert_eq!(j(&[R, R], &[N, C]).change.exit_code(), 125);
         // A reproducing side with a round that could not test still reproduced.
         assert_eq!(j(&[R, C], &[N, N]).change, Change::Fixed);
+    }
+
+    #[test]
+    fn no_change_needs_a_comparison_and_one_accelerator_and_no_new_taint() {
+        let c = empty_comparison();
+        let (a, b) = sides(&[N, N], &[N, N]);
+        let unchecked = judge(&a, &b, Err("base-1/probe.jsonl: unreadable"), &["tcg"]);
+        assert_eq!(unchecked.change, Change::CouldNotTest, "{}", unchecked.reason);
+        assert!(unchecked.reason.contains("probe.jsonl"), "{}", unchecked.reason);
+        // Different verdicts need no metrics: fixed stands without a comparison.
+        let (r, n) = sides(&[R], &[N]);
+        assert_eq!(judge(&r, &n, Err("none"), &["tcg"]).change, Change::Fixed);
+        assert_eq!(judge(&a, &b, Ok(&c), &["kvm", "tcg", "kvm"]).change, Change::CouldNotTest);
+
+        let tainted = "the guest kernel is tainted 0x200 W (warning): see its console (--verbose)";
+        let mut rounds = vec![round("base", 1, R), round("patched", 1, N)];
+        rounds[1].warnings.push(tainted.into());
+        let side =
+            |rounds: &[Round]| (Side::of("base", "a", None, rounds), Side::of("patched", "b", None, rounds));
+        let (base, patched) = side(&rounds);
+        assert_eq!(patched.tainted, [(1, tainted.to_string())]);
+        // Even a "fix" is a regression when the patched kernel warns and the base did not.
+        let j = judge(&base, &patched, Ok(&c), &["tcg"]);
+        assert_eq!(j.change, Change::Regression, "{}", j.reason);
+        assert!(j.reason.contains("W (warning)"), "{}", j.reason);
+        // Both tainted: the taint is no difference the patch made.
+        rounds[0].warnings.push(tainted.into());
+        let (base, patched) = side(&rounds);
+        assert_eq!(judge(&base, &patched, Ok(&c), &["tcg"]).change, Change::Fixed);
     }
 }

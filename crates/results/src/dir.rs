@@ -22,14 +22,24 @@ impl ResultsDir {
         let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
             .to_string()
             .replace([':', '-'], "");
-        let mut dir = output.join(format!("{name}-{stamp}"));
-        let mut n = 1;
-        while dir.exists() {
-            n += 1;
-            dir = output.join(format!("{name}-{stamp}-{n}"));
+        fs::create_dir_all(output).with_context(|| format!("cannot create {}", output.display()))?;
+        // create_dir, not exists-then-create: two runs started in the same second (CI starting jobs
+        // together) must never share a directory, and only the kernel can say which one made it.
+        for n in 1..=1000 {
+            let dir = match n {
+                1 => output.join(format!("{name}-{stamp}")),
+                n => output.join(format!("{name}-{stamp}-{n}")),
+            };
+            match fs::create_dir(&dir) {
+                Ok(()) => return Ok(ResultsDir { dir }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
+            }
         }
-        fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        Ok(ResultsDir { dir })
+        anyhow::bail!(
+            "cannot create a results directory for {name} in {}: 1000 exist for {stamp}",
+            output.display()
+        )
     }
 
     /// Replace `file` with `value` as pretty JSON, atomically.

@@ -62,8 +62,11 @@ pub fn main() -> ExitCode {
         Ok(exit) => exit.into(),
         Err(e) => {
             eprintln!("fraglab: {e:#}");
-            // The kernel lacks what the command needs (SCTP for `serve`): could not test, not failed.
-            if e.is::<fraglab_workload::Unsupported>() { Exit::CouldNotTest } else { Exit::Failed }.into()
+            // The kernel lacks what the command needs (SCTP for `serve`, file locking for anything
+            // that takes fraglab's lock): could not test, not failed.
+            let unsupported = e.is::<fraglab_workload::Unsupported>()
+                || e.is::<fraglab_fragmenter::instance::NoFileLocking>();
+            if unsupported { Exit::CouldNotTest } else { Exit::Failed }.into()
         }
     }
 }

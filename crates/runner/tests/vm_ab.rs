@@ -135,6 +135,20 @@ fn ab_of_two_debian_cloud_builds_interleaves_rounds_and_follows_the_exit_rule() 
         assert!(output.contains("pipe-highorder"), "{} guest output:\n{output}", round.display());
         verdicts.push((label.clone(), run["verdict"].as_str().unwrap().to_string()));
     }
+    // ab.json says what each round's own run.json says, and the boot's scratch is gone.
+    let recorded: Vec<(String, String)> = record["rounds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["label"].as_str().unwrap().to_string(), r["verdict"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(recorded, verdicts);
+    let left: Vec<String> = std::fs::read_dir(ab)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "scratch left in {}: {left:?}", ab.display());
 
     // The comparison: both sides, failed allocations by order and call site, and the report.
     let comparison = json(&ab.join("comparison.json"));
@@ -149,6 +163,7 @@ fn ab_of_two_debian_cloud_builds_interleaves_rounds_and_follows_the_exit_rule() 
         assert!(html.contains(&format!("({label}-{n})")), "report.html lacks {label}-{n}");
     }
 
+    let _ = std::fs::remove_dir_all(&dir);
     let expected = expected_exit(&verdicts, &comparison);
     assert_eq!(out.status.code(), Some(expected), "rounds {verdicts:?}");
     assert_eq!(
@@ -211,6 +226,24 @@ fn ab_refuses_bad_input_before_booting() {
         (
             vec!["--kernel", nokernel, "--kernel", "debian-cloud", "--", "run", &config, "-o", "/tmp/x"],
             "relative -o DIR",
+        ),
+        (
+            vec!["--kernel", nokernel, "--kernel", "debian-cloud", "--", "run", &config, "-o", "../x"],
+            "relative -o DIR",
+        ),
+        (
+            vec![
+                "--kernel",
+                nokernel,
+                "--kernel",
+                "debian-cloud",
+                "--qemu",
+                "no-such-qemu",
+                "--",
+                "run",
+                &config,
+            ],
+            "--qemu no-such-qemu",
         ),
         (vec!["--kernel", "debian-cloud", "--rounds", "2", "--", "run", &config], "give two --kernel"),
     ];

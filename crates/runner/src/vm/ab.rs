@@ -15,7 +15,7 @@ use fraglab_results::record::{RunStatus, Verdict};
 use fraglab_results::SCHEMA;
 use serde::Serialize;
 
-use super::boot::{boot_and_report, Guest, Plan};
+use super::boot::{boot_and_report, Booted, Guest, Plan};
 use super::kernel;
 use clap::Parser;
 
@@ -76,13 +76,23 @@ fn check(args: &VmArgs) -> Result<AbPlan> {
     }
     let cfg = crate::config::Source::read(&run.config)?.parse()?;
     let output = run.output.unwrap_or(cfg.run.output);
-    if output.is_absolute() {
+    // `../x` leaves /results as surely as `/x` does.
+    if output.is_absolute()
+        || !super::boot::guest_path(&output).starts_with(&format!("{}/", super::init::RESULTS_DIR))
+    {
         bail!(
             "the run writes its results under {}, outside the guest's /results, so they would not come back; \
-             give a relative -o DIR",
+             give a relative -o DIR below the current directory",
             output.display()
         );
     }
+    // Found before the results directory is made: a missing qemu is no round that could not test.
+    super::boot::find_program(&args.qemu).with_context(|| {
+        format!(
+            "--qemu {}: not found (install it: apt-get install --no-install-recommends qemu-system-x86)",
+            args.qemu.display()
+        )
+    })?;
     Ok(AbPlan { name: cfg.run.name, output, rounds })
 }
 
@@ -163,9 +173,28 @@ fn rounds(
             plan.results = Some(scratch.clone());
             plan.guest_output = Some(scratch.join(GUEST_OUTPUT));
             let start = Instant::now();
-            let exit = boot_and_report(args, &plan, guest, cache)?;
+            // A boot that breaks (an archive that does not unpack, a socket that cannot be made) is
+            // a round that could not test, not the end of the rounds already run.
+            let booted = boot_and_report(args, &plan, guest, cache);
             let seconds = start.elapsed().as_secs_f64();
-            let r = collect(label, n, &scratch, &round_dir, &guest.console_log(), exit, seconds)?;
+            let r = match booted {
+                Ok(b) => collect(label, n, &scratch, &round_dir, &guest.console_log(), &b, seconds),
+                Err(e) => Err(e),
+            }
+            .unwrap_or_else(|e| Round {
+                label: label.clone(),
+                round: n,
+                dir: None,
+                exit: i32::from(Exit::CouldNotTest.code()),
+                verdict: Verdict::CouldNotTest,
+                reason: format!("the boot broke: {e:#}"),
+                seconds,
+                accel: String::new(),
+                warnings: Vec::new(),
+            });
+            let _ = std::fs::remove_dir_all(&scratch);
+            // The round keeps its console; the copy in the work directory is overwritten next boot.
+            guest.forget_cited_console();
             eprintln!(
                 "round {n}/{}  {label:<width$}  {:<15} exit {:<3}  {seconds:>6.1} s  {}",
                 ab_plan.rounds,
@@ -173,7 +202,17 @@ fn rounds(
                 r.exit,
                 if r.dir.is_some() { round_dir.display().to_string() } else { r.reason.clone() },
             );
+            // 255 with nothing back is bad input the host could not see (a config the guest's
+            // fraglab refused): every later round would say the same, and a bisection must stop.
+            let refused = r.exit == i32::from(Exit::Error.code()) && r.dir.is_none();
             rounds.push(r);
+            if refused {
+                eprintln!(
+                    "fraglab vm: the guest's fraglab refused the command (exit 255; see {}): stopping the A/B",
+                    round_dir.join(GUEST_OUTPUT).display()
+                );
+                return Ok(Exit::Error);
+            }
         }
     }
 
@@ -185,12 +224,18 @@ fn rounds(
         Ok(c) => (Some(c), None),
         Err(e) => (None, Some(format!("{e:#}"))),
     };
-    let judgement = ab::judge(&sides[0], &sides[1], comparison.as_ref());
+    let accels: Vec<&str> = rounds.iter().map(|r| r.accel.as_str()).filter(|a| !a.is_empty()).collect();
+    let judgement = ab::judge(
+        &sides[0],
+        &sides[1],
+        comparison.as_ref().ok_or(missing.as_deref().unwrap_or_default()),
+        &accels,
+    );
 
     let mut text = String::new();
     if let Some(c) = &comparison {
         text += &crate::commands::compare::text(c);
-        std::fs::write(dir.join("comparison.json"), serde_json::to_string_pretty(c)? + "\n")?;
+        write(&dir.join("comparison.json"), &(serde_json::to_string_pretty(c)? + "\n"))?;
     } else if let Some(why) = &missing {
         text += &format!("no comparison: {why}\n");
     }
@@ -203,6 +248,9 @@ fn rounds(
             s.release.as_deref().unwrap_or("release unknown"),
             s.tally()
         );
+        for (n, why) in &s.tainted {
+            text += &format!("  {:<width$}  round {n}: {why}\n", "");
+        }
     }
     text += &format!(
         "verdict: {} — {} (exit {})\n",
@@ -210,7 +258,7 @@ fn rounds(
         judgement.reason,
         judgement.change.exit_code()
     );
-    std::fs::write(dir.join("comparison.txt"), &text)?;
+    write(&dir.join("comparison.txt"), &text)?;
     let record = AbRecord {
         schema: SCHEMA,
         name: &ab_plan.name,
@@ -221,7 +269,7 @@ fn rounds(
         judgement: &judgement,
         comparison_missing: missing.as_deref(),
     };
-    std::fs::write(dir.join("ab.json"), serde_json::to_string_pretty(&record)? + "\n")?;
+    write(&dir.join("ab.json"), &(serde_json::to_string_pretty(&record)? + "\n"))?;
     print!("{text}");
     match write_report(&dir, &sides, &rounds) {
         Ok(Some(p)) => eprintln!("report: {}", p.display()),
@@ -243,9 +291,10 @@ fn collect(
     scratch: &Path,
     round_dir: &Path,
     console: &Path,
-    exit: Exit,
+    booted: &Booted,
     seconds: f64,
 ) -> Result<Round> {
+    let exit = booted.exit;
     let runs = run_dirs(scratch);
     let (dir, verdict, reason) = match runs.as_slice() {
         [one] => {
@@ -255,7 +304,8 @@ fn collect(
             (Some(round_dir.to_path_buf()), verdict, reason)
         }
         [] => {
-            std::fs::create_dir_all(round_dir)?;
+            std::fs::create_dir_all(round_dir)
+                .with_context(|| format!("cannot create {}", round_dir.display()))?;
             let why = format!(
                 "no results came back (fraglab vm exit {}; see {}/{})",
                 exit.code(),
@@ -280,7 +330,6 @@ fn collect(
                 .with_context(|| format!("cannot copy {} into {}", from.display(), round_dir.display()))?;
         }
     }
-    let _ = std::fs::remove_dir_all(scratch);
     Ok(Round {
         label: label.to_string(),
         round: n,
@@ -289,6 +338,8 @@ fn collect(
         verdict,
         reason,
         seconds,
+        accel: booted.accel.to_string(),
+        warnings: booted.warnings.clone(),
     })
 }
 
@@ -328,9 +379,12 @@ fn round_verdict(dir: &Path) -> (Verdict, String) {
 fn pooled_comparison(dir: &Path, sides: &[Side], rounds: &[Round]) -> Result<Comparison> {
     let mut pooled = Vec::new();
     for s in sides {
+        // Only rounds that ran their whole window: an incomplete run's partial metrics would weigh
+        // as much as a whole one's.
         let runs = rounds
             .iter()
             .filter(|r| r.label == s.label)
+            .filter(|r| matches!(r.verdict, Verdict::Reproduced | Verdict::NotReproduced))
             .filter_map(|r| r.dir.as_deref())
             .map(|d| {
                 let run = fraglab_results::load::Run::load_with(d, fraglab_results::load::Samples::Ends)?;
@@ -360,4 +414,8 @@ fn write_report(dir: &Path, sides: &[Side], rounds: &[Round]) -> Result<Option<P
     let path = dir.join("report.html");
     std::fs::write(&path, report.html).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(Some(path))
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }

@@ -149,7 +149,7 @@ fn dirs_before_parent_steps(host: &Path) -> Vec<String> {
 
 /// Where the guest resolves `host` from its working directory /results, lexically (the initramfs
 /// holds no symlinks of ours to follow).
-fn guest_path(host: &Path) -> String {
+pub(crate) fn guest_path(host: &Path) -> String {
     use std::path::Component;
     let mut out = PathBuf::from("/");
     let joined = Path::new(init::RESULTS_DIR).join(host);
@@ -247,6 +247,12 @@ impl Guest {
 
     pub(crate) fn console_log(&self) -> PathBuf {
         self.work.join("console.log")
+    }
+
+    /// A message cited this boot's console.log, which the caller has kept elsewhere (an A/B's round
+    /// directory): the work directory need not be kept for it.
+    pub(crate) fn forget_cited_console(&self) {
+        let _ = std::fs::remove_file(self.work.join(CONSOLE_CITED));
     }
 
     pub(crate) fn clean_up(&self, keep: bool) {
@@ -364,13 +370,20 @@ fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<ini
     Ok(fs)
 }
 
+/// A program as exec would find it: a bare name on PATH, else the path itself, if it is a file.
+pub(crate) fn find_program(p: &Path) -> Option<PathBuf> {
+    if p.components().count() == 1 {
+        std::env::var_os("PATH")
+            .and_then(|path| std::env::split_paths(&path).map(|d| d.join(p)).find(|c| c.is_file()))
+    } else {
+        Some(p.to_path_buf()).filter(|p| p.is_file())
+    }
+}
+
 /// `sctp_test` → `/usr/bin/sctp_test`; symlinks resolved to the file.
 fn resolve_program(p: &Path) -> Result<PathBuf> {
     let found = if p.components().count() == 1 {
-        std::env::var_os("PATH")
-            .map(|path| std::env::split_paths(&path).map(|d| d.join(p)).find(|c| c.is_file()))
-            .unwrap_or_default()
-            .with_context(|| format!("--extra-bin {}: not found on PATH", p.display()))?
+        find_program(p).with_context(|| format!("--extra-bin {}: not found on PATH", p.display()))?
     } else {
         p.to_path_buf()
     };
@@ -394,7 +407,15 @@ fn cmdline(args: &VmArgs) -> String {
     c
 }
 
-pub(crate) fn boot_and_report(args: &VmArgs, plan: &Plan, guest: &Guest, cache: &Path) -> Result<Exit> {
+/// What one boot gave: the exit status `fraglab vm` reports for it, the accelerator it ran under,
+/// and init's warnings (a tainted kernel among them).
+pub(crate) struct Booted {
+    pub(crate) exit: Exit,
+    pub(crate) accel: &'static str,
+    pub(crate) warnings: Vec<String>,
+}
+
+pub(crate) fn boot_and_report(args: &VmArgs, plan: &Plan, guest: &Guest, cache: &Path) -> Result<Booted> {
     let (k, initrd, work) = (&guest.kernel, guest.initrd.as_path(), guest.work.as_path());
     let memo = qemu::accel_memo(cache);
     let mut accel = match args.accel {
@@ -453,7 +474,11 @@ pub(crate) fn boot_and_report(args: &VmArgs, plan: &Plan, guest: &Guest, cache: 
                 continue;
             }
         }
-        return report(args, plan, outcome, work);
+        let warnings = match &outcome {
+            Outcome::Finished { warnings, .. } => warnings.clone(),
+            _ => Vec::new(),
+        };
+        return Ok(Booted { exit: report(args, plan, outcome, work)?, accel: accel.name(), warnings });
     }
 }
 
@@ -474,7 +499,7 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
         eprintln!("fraglab vm: full console: {}", work.join("console.log").display());
     };
     match outcome {
-        Outcome::Finished { verdict, results, boot, total } => {
+        Outcome::Finished { verdict, results, boot, total, .. } => {
             if args.verbose {
                 eprintln!(
                     "fraglab vm: init up after {:.1} s; guest done after {:.1} s; results archive {}",

@@ -55,7 +55,7 @@ fn host(args: VmArgs) -> Result<Exit> {
     let (arg, modules) = &kernels[0];
     let k = kernel::resolve(&arg.spec, modules.as_deref(), &cache, args.verbose)?;
     let guest = boot::Guest::prepare(&args, &plan, k)?;
-    let result = boot::boot_and_report(&args, &plan, &guest, &cache);
+    let result = boot::boot_and_report(&args, &plan, &guest, &cache).map(|b| b.exit);
     guest.clean_up(args.keep);
     result
 }

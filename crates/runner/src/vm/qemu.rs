@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,8 +66,9 @@ pub struct Boot<'a> {
 
 /// How a boot ended.
 pub enum Outcome {
-    /// The guest's init reported the command's end.
-    Finished { verdict: Verdict, results: Vec<u8>, boot: Duration, total: Duration },
+    /// The guest's init reported the command's end. `warnings`: what init said went wrong beside it
+    /// (a module that did not load, the kernel tainted by an oops or a WARN).
+    Finished { verdict: Verdict, results: Vec<u8>, boot: Duration, total: Duration, warnings: Vec<String> },
     /// qemu exited without a verdict: a kernel panic (panic=-1, -no-reboot), init dying, qemu failing.
     /// `panic` is the console's first `Kernel panic - not syncing: …` line: the stack dump after it
     /// can push it out of the tail.
@@ -82,6 +84,7 @@ struct Shared {
     hello: Option<Instant>,
     verdict: Option<Verdict>,
     results: Vec<u8>,
+    warnings: Vec<String>,
     error: Option<String>,
 }
 
@@ -125,8 +128,27 @@ impl Boot<'_> {
         if self.verbose {
             eprintln!("fraglab vm: {} {}", self.qemu.display(), shell_words(&args));
         }
+        // Before qemu starts: nothing may fail between spawning it and the loop that bounds it.
+        let sink = match self.output {
+            Some(p) => {
+                Some(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?)
+            }
+            None => None,
+        };
         let start = Instant::now();
-        let mut child = Command::new(self.qemu)
+        let mut command = Command::new(self.qemu);
+        // SAFETY: prctl(PR_SET_PDEATHSIG) in the child before exec touches no memory of the parent;
+        // it makes qemu die with this process (a SIGTERM or SIGKILL aimed at fraglab alone would
+        // otherwise leave a guest running that nothing bounds any more).
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
             .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -157,12 +179,6 @@ impl Boot<'_> {
         };
         let shared = Arc::new(Mutex::new(Shared::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let sink = match self.output {
-            Some(p) => {
-                Some(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?)
-            }
-            None => None,
-        };
         let chan = {
             let shared = Arc::clone(&shared);
             let stop = Arc::clone(&stop);
@@ -190,7 +206,9 @@ impl Boot<'_> {
                 let _ = child.kill();
                 break child.wait()?;
             }
-            if start.elapsed() > self.timeout {
+            // Once the verdict is in, only AFTER_VERDICT bounds the wait: a verdict that arrived
+            // just before --timeout is the command's answer, not a timeout.
+            if verdict_at.is_none() && start.elapsed() > self.timeout {
                 killed = Some(false);
             } else if hello.is_none() && self.hello_within.is_some_and(|d| start.elapsed() > d) {
                 killed = Some(true);
@@ -222,6 +240,7 @@ impl Boot<'_> {
                 results: std::mem::take(&mut s.results),
                 boot: s.hello.map(|h| h - start).unwrap_or_default(),
                 total,
+                warnings: std::mem::take(&mut s.warnings),
             },
             (None, None) => {
                 Outcome::NoVerdict { qemu_status: status.to_string(), qemu_stderr, console_tail, panic }
@@ -326,7 +345,11 @@ fn channel_reader(
                     eprintln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end())
                 }
                 Tag::Log => {}
-                Tag::Warn => eprintln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end()),
+                Tag::Warn => {
+                    let warning = String::from_utf8_lossy(&payload).trim_end().to_string();
+                    eprintln!("fraglab vm: guest: {warning}");
+                    shared.lock().expect("channel state").warnings.push(warning);
+                }
                 Tag::Results => shared.lock().expect("channel state").results.extend_from_slice(&payload),
                 Tag::Exit => {
                     let v = serde_json::from_slice::<Verdict>(&payload)
