@@ -116,6 +116,9 @@ pub fn pct_change(base: f64, new: f64) -> Option<f64> {
 // Reading a results directory
 // ---------------------------------------------------------------------------------------------
 
+/// How a pooled side's compaction source says it was summed.
+const SUMMED: &str = ", summed over rounds";
+
 /// The counters whose change over a run tells how hard the kernel compacted.
 pub const COMPACTION_COUNTERS: [&str; 3] = ["compact_stall", "compact_fail", "compact_success"];
 
@@ -131,6 +134,11 @@ pub struct RunData {
     pub plan_from_text: bool,
     /// Counter deltas over the run and where they came from.
     pub compaction: Option<(String, BTreeMap<String, i64>)>,
+    /// For a [`RunData::pool`]ed side, the first (renumbered) iteration of each round after the
+    /// first: a metric's sample is then one value per round, the mean of its iterations, since
+    /// iterations in one boot share that boot's luck and would make a difference look surer than
+    /// it is. Empty for a single run: one value per iteration.
+    pub round_starts: Vec<u32>,
 }
 
 impl RunData {
@@ -164,7 +172,14 @@ impl RunData {
                 }
             }
         }
-        Ok(RunData { label: label.to_string(), compaction: compaction(&run), plan, plan_from_text, run })
+        Ok(RunData {
+            label: label.to_string(),
+            compaction: compaction(&run),
+            plan,
+            plan_from_text,
+            run,
+            round_starts: Vec::new(),
+        })
     }
 
     /// Several runs of one config on one kernel — an A/B's rounds of one side — as one run, so each
@@ -188,6 +203,7 @@ impl RunData {
                 w.iteration += offset;
                 w
             }));
+            pooled.round_starts.push(offset + 1);
             offset += last;
             pooled.run.failures.extend(r.run.failures);
             pooled.run.notes.extend(r.run.notes);
@@ -196,12 +212,22 @@ impl RunData {
                     for (k, v) in d {
                         *sum.entry(k).or_default() += v;
                     }
-                    Some((format!("{src}, summed over rounds"), sum))
+                    let src = src.strip_suffix(SUMMED).unwrap_or(&src).to_string();
+                    Some((src + SUMMED, sum))
                 }
                 _ => None,
             };
         }
         Ok(pooled)
+    }
+
+    /// Which sample an iteration's value goes into: its round for a pooled side, else itself.
+    fn sample_of(&self, iteration: u32) -> u32 {
+        if self.round_starts.is_empty() {
+            iteration
+        } else {
+            self.round_starts.iter().filter(|s| **s <= iteration).count() as u32
+        }
     }
 
     /// The [fragment] this run applied, judged by what it did rather than by its config: None when
@@ -671,8 +697,9 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
     let mut keys: Vec<Key> = Vec::new();
     // key → metric name → (unit, better) in first-seen order
     let mut names: BTreeMap<Key, Vec<(String, String, Better)>> = BTreeMap::new();
-    // run → key → metric name → values
-    let mut values: Vec<BTreeMap<Key, BTreeMap<String, Vec<f64>>>> = vec![BTreeMap::new(); runs.len()];
+    // run → key → metric name → sample (iteration, or round of a pooled side) → values
+    type Samples = BTreeMap<u32, Vec<f64>>;
+    let mut grouped: Vec<BTreeMap<Key, BTreeMap<String, Samples>>> = vec![BTreeMap::new(); runs.len()];
     let mut errnos: BTreeMap<Key, BTreeSet<String>> = BTreeMap::new();
     // run → key → (ok, failed)
     let mut tallies: Vec<BTreeMap<Key, Tally>> = vec![BTreeMap::new(); runs.len()];
@@ -697,18 +724,49 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
             let t = tallies[i].entry(key.clone()).or_default();
             t.0 += w.result.ok;
             t.1 += w.result.failed;
-            let per = values[i].entry(key.clone()).or_default();
+            let sample = r.sample_of(w.iteration);
+            let per = grouped[i].entry(key.clone()).or_default();
             for (name, _, _, v) in metrics_of(&w.result) {
-                per.entry(name).or_default().push(v);
+                per.entry(name).or_default().entry(sample).or_default().push(v);
             }
             // Every iteration counts each errno seen anywhere at this key, 0 when it did not fail so.
             let counts = errno_counts(&w.result);
             for e in &errnos[&key] {
                 per.entry(format!("errors {e}"))
                     .or_default()
+                    .entry(sample)
+                    .or_default()
                     .push(counts.get(e).copied().unwrap_or(0) as f64);
             }
         }
+    }
+    // One value per sample: an iteration's own, or a pooled round's mean over its iterations.
+    let values: Vec<BTreeMap<Key, BTreeMap<String, Vec<f64>>>> = grouped
+        .into_iter()
+        .map(|per_key| {
+            per_key
+                .into_iter()
+                .map(|(key, names)| {
+                    let means = names
+                        .into_iter()
+                        .map(|(name, samples)| {
+                            let v =
+                                samples.values().map(|v| v.iter().sum::<f64>() / v.len() as f64).collect();
+                            (name, v)
+                        })
+                        .collect();
+                    (key, means)
+                })
+                .collect()
+        })
+        .collect();
+    for r in runs.iter().filter(|r| !r.round_starts.is_empty()) {
+        notes.push(format!(
+            "{}: {} rounds pooled; each value is one round's mean over its iterations (n = rounds), and the \
+             fragmentation below is its first round's",
+            r.label,
+            r.round_starts.len() + 1
+        ));
     }
     // Workload order: by index, then point in run order, so one workload's points sit together.
     let point_order: Vec<Point> = keys.iter().fold(Vec::new(), |mut v, (p, ..)| {

@@ -209,7 +209,8 @@ pub enum AccelArg {
 The guest command runs in /results (also $FRAGLAB_RESULTS); what it writes there is copied to --results.
 Exit status: the guest command's own; 125 when the guest could not run it (no kernel, a panic, the timeout).
 With two kernels (A/B): 0 the patched kernel is no worse (\"fixed\" when only the base reproduces),
-1 it reproduces what the base does not or regresses significantly, 125 either side could not test.")]
+1 it reproduces what the base does not, oopses or warns, or regresses significantly, 125 either side
+could not test, 255 bad input (docs/vm.md, \"A/B: two kernels, one command\").")]
 pub struct VmArgs {
     /// Kernel to boot: a bzImage (arch/x86/boot/bzImage, /boot/vmlinuz-*), `debian-cloud` for
     /// Debian's current cloud kernel or `debian-cloud:ABI` for one build (`debian-cloud:6.1.0-47`),

@@ -684,6 +684,51 @@ mod tests {
         assert!(c.notes.iter().any(|n| n.contains("kernel 6.18 vs 6.19")), "{:?}", c.notes);
     }
 
+    /// An A/B's side: rounds pooled, one sample per round (its iterations' mean), failures and
+    /// compaction summed, iterations renumbered so rounds stay apart.
+    #[test]
+    fn pooled_rounds_give_one_sample_per_round() {
+        let round = |label: &str, rates: [f64; 2], enomem: u64| {
+            fake(
+                label,
+                CONFIG,
+                "6.18",
+                vec![record("clients=1", 1, rates[0], 50, enomem), record("clients=1", 2, rates[1], 50, 0)],
+            )
+        };
+        let dir = PathBuf::from("/results/ab/base-*");
+        let base =
+            RunData::pool("base", &dir, vec![round("b1", [100.0, 102.0], 0), round("b2", [98.0, 96.0], 0)])
+                .unwrap();
+        assert_eq!(base.round_starts, [3]);
+        let iterations: Vec<u32> = base.run.workloads.iter().map(|w| w.iteration).collect();
+        assert_eq!(iterations, [1, 2, 3, 4]);
+        assert_eq!(base.run.failures.len(), 2);
+        let (source, deltas) = base.compaction.clone().unwrap();
+        assert_eq!(deltas["compact_stall"], 6);
+        assert_eq!(source, "baseline.json → final.json, summed over rounds");
+        let patched = RunData::pool(
+            "patched",
+            &dir,
+            vec![round("p1", [80.0, 82.0], 3), round("p2", [79.0, 81.0], 1), round("p3", [81.0, 83.0], 0)],
+        )
+        .unwrap();
+        assert_eq!(patched.round_starts, [3, 5]);
+        assert_eq!(patched.compaction.as_ref().unwrap().0, "baseline.json → final.json, summed over rounds");
+        let c = compare(&[base, patched]).unwrap();
+        let rate = &c.metrics[0];
+        assert_eq!(rate.metric, "rate");
+        assert_eq!(rate.sides[0].as_ref().unwrap().values, [101.0, 97.0]);
+        assert_eq!(rate.sides[1].as_ref().unwrap().values, [81.0, 80.0, 82.0]);
+        let errors = c.metrics.iter().find(|m| m.metric == "errors ENOMEM").unwrap();
+        assert_eq!(errors.sides[1].as_ref().unwrap().values, [1.5, 0.5, 0.0]);
+        assert!(c.notes.iter().any(|n| n.contains("patched: 3 rounds pooled")), "{:?}", c.notes);
+        // A round of another config is refused, naming the difference.
+        let other = fake("o", &CONFIG.replace("1s", "2s"), "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
+        let e = RunData::pool("base", &dir, vec![round("b1", [1.0, 1.0], 0), other]).unwrap_err();
+        assert!(e.to_string().contains("its rounds ran different configs"), "{e}");
+    }
+
     #[test]
     fn same_kernel_warns_and_fragment_difference_is_noted() {
         let a = fake("A", CONFIG, "6.18", vec![record("clients=1", 1, 1.0, 1, 0)]);
