@@ -4,12 +4,13 @@
 //! apt lists, which scripts/test installs.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+mod common;
+
+use common::{fraglab_in, read_json, repo};
 
 /// An older Debian cloud build still in the archive (6.1.170): the base of the A/B.
 const OLD_ABI: &str = "6.1.0-47";
@@ -21,26 +22,9 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-fn fraglab_in(dir: &Path, args: &[&str]) -> Output {
-    let out = Command::new(FRAGLAB).current_dir(dir).args(args).output().expect("run fraglab");
-    eprintln!(
-        "--- fraglab {args:?}: {}\n--- stdout:\n{}\n--- stderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
 fn copy_config(dir: &Path, name: &str) -> String {
     let config = format!("configs/{name}.toml");
-    let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    std::fs::copy(checkout.join(&config), dir.join(&config)).unwrap();
+    std::fs::copy(repo().join(&config), dir.join(&config)).unwrap();
     config
 }
 
@@ -104,7 +88,7 @@ fn ab_of_two_debian_cloud_builds_interleaves_rounds_and_follows_the_exit_rule() 
     assert!(ab.file_name().unwrap().to_string_lossy().starts_with("pipe-highorder-ab-"), "{}", ab.display());
 
     // Interleaved, each round a whole run of its own kernel with its console beside it.
-    let record = json(&ab.join("ab.json"));
+    let record = read_json(&ab.join("ab.json"));
     let order: Vec<(String, u64)> = record["rounds"]
         .as_array()
         .unwrap()
@@ -121,7 +105,7 @@ fn ab_of_two_debian_cloud_builds_interleaves_rounds_and_follows_the_exit_rule() 
     let mut verdicts = Vec::new();
     for (label, n) in &want {
         let round = ab.join(format!("{label}-{n}"));
-        let run = json(&round.join("run.json"));
+        let run = read_json(&round.join("run.json"));
         assert_eq!(run["status"], "complete", "{}", round.display());
         let release = run["kernel_release"].as_str().unwrap();
         if label == "base" {
@@ -151,7 +135,7 @@ fn ab_of_two_debian_cloud_builds_interleaves_rounds_and_follows_the_exit_rule() 
     assert!(left.is_empty(), "scratch left in {}: {left:?}", ab.display());
 
     // The comparison: both sides, failed allocations by order and call site, and the report.
-    let comparison = json(&ab.join("comparison.json"));
+    let comparison = read_json(&ab.join("comparison.json"));
     let labels: Vec<&str> =
         comparison["runs"].as_array().unwrap().iter().map(|r| r["label"].as_str().unwrap()).collect();
     assert_eq!(labels, ["base", "patched"]);

@@ -6,22 +6,20 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+mod common;
 
-fn checkout() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{fraglab_in, read_json, repo, FRAGLAB};
 
 /// Kernel name (`base`, `sctp-contiguous-stream-out`, `pipe-kvcalloc`) → bzImage.
 fn kernels() -> &'static BTreeMap<String, PathBuf> {
     static KERNELS: OnceLock<BTreeMap<String, PathBuf>> = OnceLock::new();
     KERNELS.get_or_init(|| {
-        let out = Command::new(checkout().join("scripts/patch-ab-demo"))
+        let out = Command::new(repo().join("scripts/patch-ab-demo"))
             .args(["--kernels-only", "--fraglab", FRAGLAB])
             .output()
             .expect("run scripts/patch-ab-demo");
@@ -46,26 +44,9 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(d.join("configs")).unwrap();
     for c in ["pipe-highorder", "sctp64k"] {
-        std::fs::copy(checkout().join(format!("configs/{c}.toml")), d.join(format!("configs/{c}.toml")))
-            .unwrap();
+        std::fs::copy(repo().join(format!("configs/{c}.toml")), d.join(format!("configs/{c}.toml"))).unwrap();
     }
     d
-}
-
-fn fraglab_in(dir: &Path, args: &[&str]) -> Output {
-    let out = Command::new(FRAGLAB).current_dir(dir).args(args).output().expect("run fraglab");
-    eprintln!(
-        "--- fraglab {args:?}: {}\n--- stdout:\n{}\n--- stderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn only_entry(dir: &Path) -> PathBuf {
@@ -169,9 +150,9 @@ fn ab_on_real_patches_says_regression_and_fixed() {
         );
         assert_eq!(out.status.code(), Some(exit), "{patch} on {config}");
         let ab = only_entry(&dir.join("results"));
-        let record = json(&ab.join("ab.json"));
+        let record = read_json(&ab.join("ab.json"));
         assert_eq!(record["judgement"]["change"], change, "{record}");
-        let comparison = json(&ab.join("comparison.json"));
+        let comparison = read_json(&ab.join("comparison.json"));
         let errno = |side: usize| -> u64 {
             comparison["errors_by_errno"]
                 .as_array()

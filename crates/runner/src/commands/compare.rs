@@ -240,6 +240,13 @@ fn compaction_sources(c: &Comparison) -> String {
     }
 }
 
+/// One row per key: the key, then each run's count.
+fn count_rows(rows: &[fraglab_report::compare::CountRow]) -> Vec<Vec<String>> {
+    rows.iter()
+        .map(|r| std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect())
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------------
 // Text
 // ---------------------------------------------------------------------------------------------
@@ -339,18 +346,10 @@ pub fn text(c: &Comparison) -> String {
     if c.failures_by_order.is_empty() {
         o += "  none in any run\n";
     } else {
-        let mut rows = vec![std::iter::once("order".to_string()).chain(labels.iter().cloned()).collect()];
-        for r in &c.failures_by_order {
-            rows.push(std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect());
-        }
-        o += &columns(&rows, true);
+        let head = |first: &str| std::iter::once(first.to_string()).chain(labels.iter().cloned()).collect();
+        o += &columns(&[vec![head("order")], count_rows(&c.failures_by_order)].concat(), true);
         o += "  by order and call site (the first function outside the allocator ← its caller)\n";
-        let mut rows =
-            vec![std::iter::once("order site".to_string()).chain(labels.iter().cloned()).collect::<Vec<_>>()];
-        for r in &c.failures_by_site {
-            rows.push(std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect());
-        }
-        o += &columns(&rows, true);
+        o += &columns(&[vec![head("order site")], count_rows(&c.failures_by_site)].concat(), true);
     }
 
     o += "\nWorkload failures by errno (workloads.json, all points and iterations)\n";
@@ -495,19 +494,9 @@ pub fn markdown(c: &Comparison) -> String {
     if c.failures_by_order.is_empty() {
         o += "None in any run.\n\n";
     } else {
-        let rows: Vec<Vec<String>> = c
-            .failures_by_order
-            .iter()
-            .map(|r| std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect())
-            .collect();
-        o += &md_table(&header("order"), &rows);
+        o += &md_table(&header("order"), &count_rows(&c.failures_by_order));
         o += "\n";
-        let rows: Vec<Vec<String>> = c
-            .failures_by_site
-            .iter()
-            .map(|r| std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect())
-            .collect();
-        o += &md_table(&header("order and call site"), &rows);
+        o += &md_table(&header("order and call site"), &count_rows(&c.failures_by_site));
         o += "\n";
     }
     o += "## Workload failures by errno\n\n";

@@ -112,6 +112,24 @@ pub fn fraglab(run_dir: &Path, args: &[&str]) -> Output {
     command(run_dir).args(args).output().unwrap()
 }
 
+/// `fraglab ARGS` run in `dir`, as a user types it there; its output is printed for the test log.
+pub fn fraglab_in(dir: &Path, args: &[&str]) -> Output {
+    let out = Command::new(FRAGLAB).current_dir(dir).args(args).output().expect("run fraglab");
+    eprintln!(
+        "--- fraglab {args:?}: {}\n--- stdout:\n{}\n--- stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A JSON file, or a panic naming it.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// The [`fraglab`] command before its arguments, to add to or spawn.
 pub fn command(run_dir: &Path) -> Command {
     let mut c = Command::new(FRAGLAB);
