@@ -397,6 +397,9 @@ fn pooled_comparison(dir: &Path, sides: &[Side], rounds: &[Round]) -> Result<Com
         let mut side = RunData::pool(&s.label, &dir.join(format!("{}-*", s.label)), runs)?;
         side.run.record.verdict = Some(s.verdict);
         side.run.record.reason = s.tally();
+        // A base and a patched build of one source report one release: name the kernel too, so
+        // the comparison tells them apart (and warns of one kernel only when it is one).
+        side.run.record.kernel_release = format!("{} ({})", side.run.record.kernel_release, s.kernel);
         pooled.push(side);
     }
     fraglab_report::compare::compare(&pooled)
