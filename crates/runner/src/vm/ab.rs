@@ -76,10 +76,9 @@ fn check(args: &VmArgs) -> Result<AbPlan> {
     }
     let cfg = crate::config::Source::read(&run.config)?.parse()?;
     let output = run.output.unwrap_or(cfg.run.output);
-    // `../x` leaves /results as surely as `/x` does.
-    if output.is_absolute()
-        || !super::boot::guest_path(&output).starts_with(&format!("{}/", super::init::RESULTS_DIR))
-    {
+    // Absolute, the A/B directory would be there on the host too; `../x` leaves /results in the
+    // guest as surely as `/x` does.
+    if output.is_absolute() || !super::boot::comes_back(&output) {
         bail!(
             "the run writes its results under {}, outside the guest's /results, so they would not come back; \
              give a relative -o DIR below the current directory",
@@ -220,24 +219,17 @@ fn rounds(
         .iter()
         .map(|(label, spec, g)| Side::of(label, spec, g.kernel.release.clone(), &rounds))
         .collect();
-    let (comparison, missing) = match pooled_comparison(&dir, &sides, &rounds) {
-        Ok(c) => (Some(c), None),
-        Err(e) => (None, Some(format!("{e:#}"))),
-    };
+    let comparison = pooled_comparison(&dir, &sides, &rounds).map_err(|e| format!("{e:#}"));
     let accels: Vec<&str> = rounds.iter().map(|r| r.accel.as_str()).filter(|a| !a.is_empty()).collect();
-    let judgement = ab::judge(
-        &sides[0],
-        &sides[1],
-        comparison.as_ref().ok_or(missing.as_deref().unwrap_or_default()),
-        &accels,
-    );
+    let judgement = ab::judge(&sides[0], &sides[1], comparison.as_ref().map_err(String::as_str), &accels);
 
     let mut text = String::new();
-    if let Some(c) = &comparison {
-        text += &crate::commands::compare::text(c);
-        write(&dir.join("comparison.json"), &(serde_json::to_string_pretty(c)? + "\n"))?;
-    } else if let Some(why) = &missing {
-        text += &format!("no comparison: {why}\n");
+    match &comparison {
+        Ok(c) => {
+            text += &crate::commands::compare::text(c);
+            write(&dir.join("comparison.json"), &(serde_json::to_string_pretty(c)? + "\n"))?;
+        }
+        Err(why) => text += &format!("no comparison: {why}\n"),
     }
     text += "\nA/B\n";
     for s in &sides {
@@ -267,7 +259,7 @@ fn rounds(
         sides: &sides,
         rounds: &rounds,
         judgement: &judgement,
-        comparison_missing: missing.as_deref(),
+        comparison_missing: comparison.as_ref().err().map(String::as_str),
     };
     write(&dir.join("ab.json"), &(serde_json::to_string_pretty(&record)? + "\n"))?;
     print!("{text}");

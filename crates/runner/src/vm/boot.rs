@@ -109,13 +109,19 @@ fn warn_if_results_stay_in_guest(r: &crate::cli::RunArgs) {
             crate::config::Source::read(&r.config).ok().and_then(|src| src.parse().ok()).map(|c| c.run.output)
         }
     };
-    if let Some(o) = output.filter(|o| !guest_path(o).starts_with(&format!("{}/", init::RESULTS_DIR))) {
+    if let Some(o) = output.filter(|o| !comes_back(o)) {
         eprintln!(
             "fraglab vm: the guest run writes its results under {}, outside /results: they will not come \
              back; give a relative -o DIR",
             o.display()
         );
     }
+}
+
+/// Whether what the guest writes at `path` (resolved from /results, as the guest does) is under
+/// /results, the only directory that comes back to the host.
+pub(crate) fn comes_back(path: &Path) -> bool {
+    guest_path(path).starts_with(&format!("{}/", init::RESULTS_DIR))
 }
 
 /// The guest directories a relative path walks through before each `..` (`a/b/../../x` → /results/a,

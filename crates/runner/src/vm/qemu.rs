@@ -328,35 +328,33 @@ fn channel_reader(
                 return;
             }
         };
-        match (tag, sink.as_mut()) {
-            (Tag::Stdout | Tag::Stderr, Some(f)) => {
-                let _ = f.write_all(&payload);
+        match tag {
+            Tag::Stdout | Tag::Stderr if sink.is_some() => {
+                let _ = sink.as_mut().expect("checked").write_all(&payload);
             }
-            (tag, _) => match tag {
-                Tag::Stdout => {
-                    let mut o = std::io::stdout().lock();
-                    let _ = o.write_all(&payload);
-                    let _ = o.flush();
-                }
-                Tag::Stderr => {
-                    let _ = std::io::stderr().lock().write_all(&payload);
-                }
-                Tag::Log if verbose => {
-                    eprintln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end())
-                }
-                Tag::Log => {}
-                Tag::Warn => {
-                    let warning = String::from_utf8_lossy(&payload).trim_end().to_string();
-                    eprintln!("fraglab vm: guest: {warning}");
-                    shared.lock().expect("channel state").warnings.push(warning);
-                }
-                Tag::Results => shared.lock().expect("channel state").results.extend_from_slice(&payload),
-                Tag::Exit => {
-                    let v = serde_json::from_slice::<Verdict>(&payload)
-                        .unwrap_or_else(|e| Verdict::InitFailed(format!("unreadable verdict: {e}")));
-                    shared.lock().expect("channel state").verdict = Some(v);
-                }
-            },
+            Tag::Stdout => {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(&payload);
+                let _ = o.flush();
+            }
+            Tag::Stderr => {
+                let _ = std::io::stderr().lock().write_all(&payload);
+            }
+            Tag::Log if verbose => {
+                eprintln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end())
+            }
+            Tag::Log => {}
+            Tag::Warn => {
+                let warning = String::from_utf8_lossy(&payload).trim_end().to_string();
+                eprintln!("fraglab vm: guest: {warning}");
+                shared.lock().expect("channel state").warnings.push(warning);
+            }
+            Tag::Results => shared.lock().expect("channel state").results.extend_from_slice(&payload),
+            Tag::Exit => {
+                let v = serde_json::from_slice::<Verdict>(&payload)
+                    .unwrap_or_else(|e| Verdict::InitFailed(format!("unreadable verdict: {e}")));
+                shared.lock().expect("channel state").verdict = Some(v);
+            }
         }
     }
 }
