@@ -833,17 +833,34 @@ fn sctp_serve_for_a_peer_and_sigint_stops_an_sctp_run() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A hung guest command is 125 too, and what it wrote before it hung still comes back: init kills it
-/// at the guest-side deadline (`--timeout` minus a quarter, at most 20 s) and sends the results.
+/// A hung guest command is 125 too, and what it wrote before it hung still comes back: init stops it
+/// at the guest-side deadline (`--timeout` minus a quarter, at most 60 s: SIGTERM, SIGKILL half-way
+/// to the end of that margin) and sends the results. The command here is a `fraglab run` whose
+/// workload would take 10 minutes: the SIGTERM lets it release what it holds and write run.json as
+/// interrupted, so the partial run comes back whole. A program that ignores SIGTERM is killed.
 #[test]
 fn a_hung_guest_command_is_125_with_its_results_so_far() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("hang");
     let script = dir.join("hang.sh");
-    std::fs::write(&script, "echo written before the hang > partial.txt\nsleep 600\n").unwrap();
+    std::fs::write(
+        &script,
+        "echo written before the hang > partial.txt\n\
+         (trap '' TERM; exec sleep 600) &\n\
+         fraglab run -o runs long.toml\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("long.toml"),
+        "[run]\nname = \"long\"\n[fragment]\nmax_free_order = 4\nbudget = \"128MiB\"\n\
+         [[workload]]\nkind = \"tcp-stream\"\nduration = \"600s\"\n",
+    )
+    .unwrap();
     let results = dir.join("results");
     let out = Command::new(FRAGLAB)
-        .args(["vm", "--kernel", "debian-cloud", "--timeout", "40s", "--extra-bin", "sleep"])
+        .args(["vm", "--kernel", "debian-cloud", "--timeout", "60s", "--extra-bin", "sleep"])
+        .arg("--file")
+        .arg(format!("{}:long.toml", dir.join("long.toml").display()))
         .arg("--script")
         .arg(&script)
         .arg("--results")
@@ -853,8 +870,21 @@ fn a_hung_guest_command_is_125_with_its_results_so_far() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("--- {}\n{stderr}", out.status);
     assert_eq!(out.status.code(), Some(125));
-    assert!(stderr.contains("timed out: the command was still running at 30 s"), "{stderr}");
+    assert!(stderr.contains("timed out: the command was still running at 45 s"), "{stderr}");
+    assert!(stderr.contains("SIGKILL at 52 s"), "{stderr}");
+    assert!(stderr.contains("killing every process (SIGKILL)"), "the sleep ignoring SIGTERM: {stderr}");
     assert_eq!(read(&results, "partial.txt"), "written before the hang\n");
+    let runs: Vec<PathBuf> =
+        std::fs::read_dir(results.join("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(runs[0].join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["verdict"], "interrupted", "{run:#}");
+    assert!(run["fragment"].is_object(), "it fragmented before the deadline: {run:#}");
+    assert!(
+        run["sysctls_restored"].as_array().is_some_and(|r| !r.is_empty()),
+        "it released and restored what it held: {run:#}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

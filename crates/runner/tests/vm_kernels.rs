@@ -49,6 +49,21 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// Every round's guest output (the guest's fraglab's stdout and stderr), its last 60 lines: what a
+/// round that failed was doing, in CI's log, where the results directory does not survive.
+fn show_guest_output(ab: &Path) {
+    let mut rounds: Vec<PathBuf> = std::fs::read_dir(ab).unwrap().map(|e| e.unwrap().path()).collect();
+    rounds.sort();
+    for log in rounds.iter().map(|r| r.join("guest-output.log")).filter(|l| l.is_file()) {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!("--- {} (last 60 of {} lines):", log.display(), lines.len());
+        for l in &lines[lines.len().saturating_sub(60)..] {
+            eprintln!("  | {l}");
+        }
+    }
+}
+
 fn only_entry(dir: &Path) -> PathBuf {
     let found: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(found.len(), 1, "{found:?}");
@@ -148,8 +163,11 @@ fn ab_on_real_patches_says_regression_and_fixed() {
                 &config_path,
             ],
         );
-        assert_eq!(out.status.code(), Some(exit), "{patch} on {config}");
         let ab = only_entry(&dir.join("results"));
+        if out.status.code() != Some(exit) {
+            show_guest_output(&ab);
+        }
+        assert_eq!(out.status.code(), Some(exit), "{patch} on {config}");
         let record = read_json(&ab.join("ab.json"));
         assert_eq!(record["judgement"]["change"], change, "{record}");
         let comparison = read_json(&ab.join("comparison.json"));

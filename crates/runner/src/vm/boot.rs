@@ -367,13 +367,29 @@ fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<ini
             }
         }
     }
-    // Leave the guest time to send what the command wrote before the host's timeout: a quarter of
-    // it, at most 20 s (guest uptime starts a second or two after qemu does).
-    let margin = (plan.timeout / 4).min(Duration::from_secs(20));
-    let deadline_secs = Some(plan.timeout.saturating_sub(margin).as_secs().max(1));
-    let job = init::Job { argv: plan.argv.clone(), modules: module_paths, path: path_dirs, deadline_secs };
+    let (deadline_secs, kill_secs) = guest_deadline(plan.timeout);
+    let job = init::Job {
+        argv: plan.argv.clone(),
+        modules: module_paths,
+        path: path_dirs,
+        deadline_secs: Some(deadline_secs),
+        kill_secs: Some(kill_secs),
+    };
     fs.bytes(init::JOB_PATH, serde_json::to_vec_pretty(&job)?, 0o644)?;
     Ok(fs)
+}
+
+/// Guest uptimes (s) at which a command still running is stopped (SIGTERM) and then killed, so
+/// that what it wrote still comes back before the host's --timeout kills the guest: a quarter of the
+/// timeout, at most 60 s, held back — half for the command to stop (a `fraglab run` releases its
+/// memory and writes run.json), half to send the results. The channel is a UART: about 260 KiB/s
+/// under TCG on an idle host (8 MB in 30 s, measured), slower on a busy one, and a 580 s sctp64k run
+/// killed 20 s before a 600 s timeout on a loaded host did not get its results out in time (guest
+/// uptime also starts a few seconds after qemu does).
+pub(crate) fn guest_deadline(timeout: Duration) -> (u64, u64) {
+    let margin = (timeout / 4).min(Duration::from_secs(60));
+    let term = timeout.saturating_sub(margin).as_secs().max(1);
+    (term, term + (margin / 2).as_secs())
 }
 
 /// A program as exec would find it: a bare name on PATH, else the path itself, if it is a file.
@@ -601,6 +617,16 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_guest_deadline_leaves_room_to_stop_and_to_send() {
+        let d = |s| guest_deadline(Duration::from_secs(s));
+        assert_eq!(d(40), (30, 35));
+        assert_eq!(d(600), (540, 570));
+        assert_eq!(d(3600), (3540, 3570));
+        assert_eq!(d(1), (1, 1));
+        assert_eq!(d(7), (5, 5));
+    }
 
     #[test]
     fn guest_paths_resolve_from_results_as_the_guest_would() {

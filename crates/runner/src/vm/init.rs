@@ -33,9 +33,13 @@ pub struct Job {
     pub modules: Vec<String>,
     /// Extra directories for PATH (where --extra-bin programs live).
     pub path: Vec<String>,
-    /// Guest uptime (s) at which a command still running is killed, so its partial results still
-    /// come back before the host's --timeout kills the whole guest.
+    /// Guest uptime (s) at which a command still running is asked to stop (SIGTERM to every
+    /// process), so it can write what it has and its partial results still come back before the
+    /// host's --timeout kills the whole guest.
     pub deadline_secs: Option<u64>,
+    /// Guest uptime (s) at which whatever is still running after the deadline's SIGTERM is killed.
+    #[serde(default)]
+    pub kill_secs: Option<u64>,
 }
 
 /// Whether this process runs inside a `fraglab vm` guest: PID 1 is fraglab's guest init. Read from
@@ -262,22 +266,40 @@ fn run_job(ch: &mut Channel, job: &Job) -> Result<Verdict> {
     let mut status = None;
     let mut linger_until = None;
     let mut timed_out = false;
+    let mut killed_at: Option<Instant> = None;
     let mut buf = vec![0u8; channel::MAX_FRAME];
     loop {
-        if !timed_out && status.is_none() && job.deadline_secs.is_some_and(|d| uptime() >= d as f64) {
+        let now = uptime();
+        // A `fraglab run` stops at SIGTERM, releases what it holds and writes run.json; whatever
+        // ignores it is killed once the grace is over.
+        if !timed_out && status.is_none() && job.deadline_secs.is_some_and(|d| now >= d as f64) {
             ch.warn(&format!(
-                "the command is still running at {} s of guest uptime, near the --timeout; killing every process",
-                job.deadline_secs.unwrap_or_default()
+                "the command is still running at {} s of guest uptime, near the --timeout; stopping every process (SIGTERM{})",
+                job.deadline_secs.unwrap_or_default(),
+                job.kill_secs.map_or(String::new(), |k| format!(", SIGKILL at {k} s"))
             ));
             // SAFETY: kill(-1) signals every process but PID 1 (us).
-            unsafe { libc::kill(-1, libc::SIGKILL) };
+            unsafe { libc::kill(-1, libc::SIGTERM) };
             timed_out = true;
         }
+        if timed_out && killed_at.is_none() && job.kill_secs.is_none_or(|k| now >= k as f64) {
+            ch.warn(&format!(
+                "processes still running at {now:.0} s of guest uptime; killing every process (SIGKILL)"
+            ));
+            // SAFETY: as above.
+            unsafe { libc::kill(-1, libc::SIGKILL) };
+            killed_at = Some(Instant::now());
+        }
         // Reap: the job, and orphans re-parented to us (daemons' parents, a script's children).
+        let mut none_left = false;
         loop {
             let mut st = 0;
             // SAFETY: waitpid on any child, without blocking.
             let r = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+            if r < 0 {
+                // ECHILD: every process but us has ended (each is our descendant).
+                none_left = true;
+            }
             if r <= 0 {
                 break;
             }
@@ -286,11 +308,24 @@ fn run_job(ch: &mut Channel, job: &Job) -> Result<Verdict> {
                 linger_until = Some(Instant::now() + Duration::from_secs(1));
             }
         }
-        if out.is_none() && err.is_none() && status.is_some() {
-            break;
-        }
-        if linger_until.is_some_and(|t| Instant::now() > t) {
-            break;
+        if timed_out {
+            // Past the deadline the job's own exit is not the end: a `fraglab run` a script started
+            // is still releasing and writing run.json when the shell has died of the SIGTERM. Wait
+            // for every process, and after SIGKILL for at most 2 s (one stuck in the kernel stays).
+            if none_left {
+                break;
+            }
+            if killed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(2)) {
+                ch.warn("processes still alive 2 s after SIGKILL (stuck in the kernel?); sending what was written");
+                break;
+            }
+        } else {
+            if out.is_none() && err.is_none() && status.is_some() {
+                break;
+            }
+            if linger_until.is_some_and(|t| Instant::now() > t) {
+                break;
+            }
         }
         let mut fds: Vec<libc::pollfd> = [&out, &err]
             .iter()
@@ -314,10 +349,10 @@ fn run_job(ch: &mut Channel, job: &Job) -> Result<Verdict> {
             }
         }
     }
-    let status = status.expect("loop ends only after the job exits");
     if timed_out {
         return Ok(Verdict::TimedOut(job.deadline_secs.unwrap_or_default()));
     }
+    let status = status.expect("before the deadline the loop ends only after the job exits");
     Ok(match (status.code(), status.signal()) {
         (Some(c), _) => Verdict::Exited(c),
         (None, Some(s)) => Verdict::Signaled(s),
