@@ -1,5 +1,6 @@
 //! What the fragmenter is asked to reach: a ceiling on the free order, or a whole buddyinfo profile.
 
+use fraglab_probe::kmsg::{split_log_line, strip_mail_quote};
 use serde::{Deserialize, Serialize};
 
 /// The shape free memory should have once the fragmenter is done.
@@ -23,8 +24,17 @@ pub enum Target {
 /// - a `/proc/buddyinfo` line: `Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0`, or just the counts;
 /// - a kernel Mem-Info free-area line, as printed with a page allocation failure:
 ///   `Normal: 512*4kB (UME) 97*8kB (UM) 12*16kB (M) 0*32kB ... = 3016kB`.
+///
+/// Either as the log has it: with dmesg's `[ 2161.781102] ` or `<4>`, a syslog or journal prefix,
+/// a caller-id column or a mail's `> ` (the same prefixes `fraglab scan` takes off), and a line a
+/// mail client wrapped pasted as its pieces, each with its own prefix.
 pub fn parse_profile(text: &str) -> Result<(Option<String>, Vec<u64>), String> {
-    let (zone, free) = parse_profile_counts(text)?;
+    let text: Vec<String> = text
+        .lines()
+        .map(|l| split_log_line(strip_mail_quote(l)).message.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let (zone, free) = parse_profile_counts(&text.join(" "))?;
     plausible(&free)?;
     Ok((zone, free))
 }
@@ -114,6 +124,32 @@ mod tests {
     fn meminfo_line_with_wrong_total_is_refused() {
         let err = parse_profile("Normal: 1*4kB 1*8kB = 16kB").unwrap_err();
         assert!(err.contains("12kB"), "{err}");
+    }
+
+    #[test]
+    fn lines_as_logs_print_them() {
+        let want = vec![512, 97, 12, 0, 0, 0, 0, 0, 0, 0, 0];
+        let tail = "Normal: 512*4kB (UME) 97*8kB (UM) 12*16kB (M) 0*32kB 0*64kB 0*128kB 0*256kB \
+                    0*512kB 0*1024kB 0*2048kB 0*4096kB = 3016kB";
+        for prefix in [
+            "[ 2161.781102] ",
+            "<4>[ 2161.781102] ",
+            "Jul 31 17:17:05 fs kernel: [11918.534744] ",
+            "kernel: ",
+            "[   14.018361][    T1] ",
+            "<4>[ 6207.637280]  [3:  Binder:9343_3:22875] ",
+            "> > ",
+        ] {
+            let (zone, free) =
+                parse_profile(&format!("{prefix}{tail}")).unwrap_or_else(|e| panic!("{prefix}: {e}"));
+            assert_eq!((zone.as_deref(), &free), (Some("Normal"), &want), "{prefix}");
+        }
+        // Wrapped by a mail client, each piece with its stamp.
+        let wrapped = "[ 3.1] Normal: 512*4kB (UME) 97*8kB (UM) 12*16kB (M) 0*32kB 0*64kB 0*128kB\n\
+                       [ 3.1] 0*256kB 0*512kB 0*1024kB 0*2048kB 0*4096kB = 3016kB";
+        assert_eq!(parse_profile(wrapped).unwrap().1, want);
+        let buddy = "Jul 31 17:17:05 fs kernel: Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0";
+        assert_eq!(parse_profile(buddy).unwrap().1[..4], [40773, 37, 34, 29]);
     }
 
     #[test]

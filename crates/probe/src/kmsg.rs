@@ -78,7 +78,10 @@ impl std::fmt::Display for Gfp {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocFailureReport {
     /// The task that allocated (`current->comm`, at most 15 bytes; may contain `/`, `:` and spaces).
-    pub comm: String,
+    /// `None` when the log does not say: a header printed without it (another CPU's line cut in),
+    /// or with more than 15 bytes before the marker (console output glued on) and no `CPU: … Comm:`
+    /// line after it to take the name from.
+    pub comm: Option<String>,
     pub order: u32,
     /// Missing only when a wrapped line was cut before `mode:`.
     pub gfp: Option<Gfp>,
@@ -93,7 +96,15 @@ pub struct AllocFailureReport {
     /// [`scan_log`]; empty from [`parse_message`], which sees one line, and when the log has none.
     #[serde(default)]
     pub stack: Vec<String>,
+    /// What could not be read or had to be recovered from elsewhere, in words: a mode cut short, a
+    /// name taken from the `CPU:` line, a call trace not attributed because another report was
+    /// interleaved with this one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
+
+/// The longest name `current->comm` can hold (TASK_COMM_LEN 16, with its NUL).
+pub const COMM_MAX: usize = 15;
 
 /// `<comm> invoked oom-killer: gfp_mask=0x…(…), order=N, oom_score_adj=N`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,6 +288,8 @@ pub enum KmsgEvent {
 }
 
 const FAILURE: &str = ": page allocation failure";
+/// The marker without the `comm: ` before it: a header whose first part another CPU's line took.
+const FAILURE_BARE: &str = "page allocation failure";
 const INVOKED: &str = " invoked oom-killer";
 const KILLED: &str = "Killed process ";
 const NO_VICTIM: &str = "Out of memory and no killable processes";
@@ -289,6 +302,9 @@ pub fn parse_message(message: &str) -> std::result::Result<Option<KmsgEvent>, St
     let m = message.trim();
     if let Some(i) = m.find(FAILURE) {
         return parse_failure(&m[..i], &m[i + FAILURE.len()..]).map(|f| Some(KmsgEvent::AllocFailure(f)));
+    }
+    if let Some(rest) = m.strip_prefix(FAILURE_BARE) {
+        return parse_failure("", rest).map(|f| Some(KmsgEvent::AllocFailure(f)));
     }
     if let Some(i) = m.find(INVOKED) {
         return parse_oom_invoked(&m[..i], &m[i + INVOKED.len()..]).map(|o| Some(KmsgEvent::OomInvoked(o)));
@@ -332,11 +348,20 @@ fn looks_like_free_area(m: &str) -> bool {
         })
 }
 
-fn parse_failure(comm: &str, rest: &str) -> std::result::Result<AllocFailureReport, String> {
-    let comm = comm.trim();
-    if comm.is_empty() {
-        return Err("no task name before \"page allocation failure\"".into());
-    }
+fn parse_failure(printed: &str, rest: &str) -> std::result::Result<AllocFailureReport, String> {
+    let printed = printed.trim();
+    let mut notes = Vec::new();
+    let comm = if printed.is_empty() {
+        notes
+            .push("no task name before \"page allocation failure\" (a header split over lines?)".to_string());
+        None
+    } else if printed.len() > COMM_MAX {
+        // A task name holds at most 15 bytes: the rest is console output glued on before it.
+        notes.push(format!("{printed:?} before the marker is longer than a task name can be"));
+        None
+    } else {
+        Some(printed.to_string())
+    };
     let (legacy_format, rest) = match rest.chars().next() {
         Some(':') => (false, &rest[1..]),
         Some('.') => (true, &rest[1..]),
@@ -353,17 +378,12 @@ fn parse_failure(comm: &str, rest: &str) -> std::result::Result<AllocFailureRepo
     }
     let after = &after[digits..];
     let gfp = match after.find("mode:") {
-        Some(i) => {
-            let mode = &after[i + "mode:".len()..];
-            // The mask runs to the ',' before nodemask (names hold no ','), or to the end.
-            let end = mode.find(',').unwrap_or(mode.len());
-            Some(Gfp::parse(&mode[..end]).map_err(|e| format!("mode: {e}"))?)
-        }
+        Some(i) => parse_mode(&after[i + "mode:".len()..], &mut notes),
         None if after.trim().trim_end_matches(',').is_empty() => None,
         None => return Err(format!("expected \", mode:0x…\" after order:{order}")),
     };
     Ok(AllocFailureReport {
-        comm: comm.to_string(),
+        comm,
         order,
         gfp,
         nodemask: field_value(after, "nodemask=", &["cpuset=", "mems_allowed="]),
@@ -371,7 +391,31 @@ fn parse_failure(comm: &str, rest: &str) -> std::result::Result<AllocFailureRepo
         mems_allowed: field_value(after, "mems_allowed=", &[]),
         legacy_format,
         stack: Vec::new(),
+        notes,
     })
+}
+
+/// The mask after `mode:`, up to the `,` before nodemask (names hold no `,`). One cut short
+/// (`0x14000c0(GFP_KERN` where a terminal's width ended the line) keeps its number: the order is
+/// what counts, and the mask is still the kernel's.
+fn parse_mode(mode: &str, notes: &mut Vec<String>) -> Option<Gfp> {
+    let text = &mode[..mode.find(',').unwrap_or(mode.len())];
+    match Gfp::parse(text) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            let hex = text.trim().split('(').next().unwrap_or("");
+            let mask = hex.strip_prefix("0x").and_then(|h| u64::from_str_radix(h, 16).ok());
+            notes.push(format!(
+                "mode {:?} cut short or garbled ({e}){}",
+                text.trim(),
+                match mask {
+                    Some(_) => "; its mask kept, its names not",
+                    None => "",
+                }
+            ));
+            mask.map(|mask| Gfp { mask, flags: Vec::new() })
+        }
+    }
 }
 
 /// The value of `key=` in a `, `- or `,`-separated list, ending where one of `next` keys begins
@@ -467,7 +511,8 @@ pub fn split_log_line(line: &str) -> LogLine<'_> {
         }
     }
     let mut rest = strip_priority(line);
-    if let Some(r) = strip_syslog_date(rest) {
+    // A log pasted as a Markdown code block is indented; a syslog date is never a continuation.
+    if let Some(r) = strip_syslog_date(rest.trim_start()) {
         rest = r;
         // `host kernel: ` after the date; a serial console log has the dmesg timestamp right away.
         if let Some((host, r)) = rest.split_once(' ') {
@@ -507,9 +552,29 @@ pub fn split_log_line(line: &str) -> LogLine<'_> {
                 rest = r;
             }
         }
-        rest = rest.strip_prefix(' ').unwrap_or(rest);
+        // `[71553.093687]: dump_backtrace+0xf4/0x118`: a vendor console's colon after the stamp.
+        rest = rest.strip_prefix(": ").or_else(|| rest.strip_prefix(' ')).unwrap_or(rest);
+    }
+    // `[4: binder:569_5:27109] `: an Android vendor kernel's CPU, task and pid column, with or
+    // without a timestamp before it.
+    if let Some((inside, r)) = bracket(rest.trim_start()) {
+        if is_vendor_caller(inside) {
+            rest = r.strip_prefix(' ').unwrap_or(r);
+        }
     }
     LogLine { timestamp, message: std::borrow::Cow::Borrowed(rest) }
+}
+
+/// `4: binder:569_5:27109` / `4:        kswapd0: 1209`: CPU, a colon, the task name, a colon, the pid.
+fn is_vendor_caller(inside: &str) -> bool {
+    let Some((cpu, rest)) = inside.trim().split_once(':') else { return false };
+    let Some((name, pid)) = rest.rsplit_once(':') else { return false };
+    let pid = pid.trim();
+    !cpu.is_empty()
+        && cpu.bytes().all(|b| b.is_ascii_digit())
+        && !name.trim().is_empty()
+        && !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// `[inside]rest` at the start of `s`.
@@ -622,46 +687,56 @@ pub struct LogScan {
 /// A free-area line cut by a mail client or terminal (`… 0*512kB` / `0*1024kB … = 16832kB`) is
 /// joined with the following lines until it has its `= total`; anything still unreadable becomes
 /// a warning, never a failure of the whole scan — bug-report logs are rarely clean.
+///
+/// Each failure report takes the call trace that follows it (`Call Trace:`, arm64 `Call trace:`,
+/// ARM `Backtrace:`, or frames straight after the header on kernels that printed no heading). What
+/// two CPUs printed at once is taken apart as far as the log allows: a header split over lines gets
+/// its task name from the line before it or from its `CPU: … Comm:` line and its mode from the
+/// `, mode:` line after it; a report with another task's `CPU:` line beside its header does not
+/// take the trace that follows (it could be either's), and says so in its notes. A call trace
+/// with `warn_alloc` in it but no header before it is a warning: a failure whose order is lost.
 pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
     let path = path.as_ref();
     // A report quoted in a mail reply (`> > Node 0 Normal: …`) reads as the log it quotes.
     let lines: Vec<&str> = text.lines().map(strip_mail_quote).collect();
+    let messages: Vec<LogLine> = lines.iter().map(|l| split_log_line(l)).collect();
     let mut out = LogScan { lines: lines.len(), ..LogScan::default() };
-    // The failure report whose `Call Trace:` may still come: (its index in out.events, lines
-    // read since it, inside the trace yet).
-    let mut trace: Option<(usize, usize, bool)> = None;
+    let mut pending: Option<Pending> = None;
+    // The last `CPU: … Comm:` line no report has claimed: (index, task name).
+    let mut unclaimed_cpu: Option<(usize, String)> = None;
     let mut i = 0;
     while i < lines.len() {
-        let split = split_log_line(lines[i]);
+        let split = &messages[i];
         let mut message = split.message.trim().to_string();
-        if let Some((event, seen, inside)) = trace.as_mut() {
-            let consumed = match trace_line(&message, *inside) {
-                TraceLine::Start if !*inside => {
-                    *inside = true;
-                    true
+        if let Some(p) = pending.as_mut() {
+            match p.take(&message, &mut out.events) {
+                Taken::Consumed => {
+                    i += 1;
+                    continue;
                 }
-                TraceLine::Marker => true,
-                TraceLine::Frame => {
-                    if let KmsgEvent::AllocFailure(f) = &mut out.events[*event].event {
-                        f.stack.push(message.clone());
+                Taken::Ended => {
+                    if let Some(w) = pending.take().and_then(|p| p.finish(path, &lines)) {
+                        out.warnings.push(w);
                     }
-                    true
                 }
-                // Between the report and its trace come `CPU:`, `Hardware name:`, `Workqueue:`
-                // and, before v4.9, a few lines of raw stack words: a handful of lines at most.
-                TraceLine::Other if !*inside && *seen < 12 => {
-                    *seen += 1;
-                    false
-                }
-                _ => {
-                    trace = None;
-                    false
-                }
-            };
-            if consumed {
-                i += 1;
-                continue;
+                Taken::NotOurs => {}
             }
+        }
+        if let Some(comm) = cpu_line_comm(&message) {
+            // One within a few lines of a header (an OOM report's, or a report whose block ended)
+            // is that header's.
+            let near_event = out.events.last().is_some_and(|e| i + 1 - e.line <= 12);
+            if !near_event {
+                unclaimed_cpu = Some((i, comm.to_string()));
+            }
+            i += 1;
+            continue;
+        }
+        if pending.is_none() && matches!(trace_line(&message, false), TraceLine::Start) {
+            // A trace with no report before it: kept aside, to say what was lost if it is one.
+            pending = Some(Pending::orphan(i));
+            i += 1;
+            continue;
         }
         if looks_like_buddyinfo(&message) {
             match crate::buddyinfo::parse_line(&message) {
@@ -673,7 +748,9 @@ pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
                 }),
                 Err(reason) => out.warnings.push(Error::parse(path, i + 1, lines[i], reason)),
             }
-            trace = None;
+            if let Some(w) = pending.take().and_then(|p| p.finish(path, &lines)) {
+                out.warnings.push(w);
+            }
             i += 1;
             continue;
         }
@@ -681,7 +758,7 @@ pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
         if looks_like_free_area(&message) && !message.contains('=') {
             // At most a few continuation lines: a whole free-area line is ~200 characters.
             while used < 4 && i + used < lines.len() {
-                let next = split_log_line(lines[i + used]).message.trim().to_string();
+                let next = messages[i + used].message.trim().to_string();
                 if next.is_empty() || !next.starts_with(|c: char| c.is_ascii_digit() || c == '(' || c == '=')
                 {
                     break;
@@ -700,7 +777,34 @@ pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
         }
         match parse_message(&message) {
             Ok(Some(event)) => {
-                trace = matches!(event, KmsgEvent::AllocFailure(_)).then_some((out.events.len(), 0, false));
+                if let Some(w) = pending.take().and_then(|p| p.finish(path, &lines)) {
+                    out.warnings.push(w);
+                }
+                let mut event = event;
+                let mut attribute = true;
+                if let KmsgEvent::AllocFailure(f) = &mut event {
+                    if f.comm.is_none() {
+                        if let Some(name) = split_header_name(&messages[i.saturating_sub(3)..i]) {
+                            f.notes.push(format!("task name {name:?} from the line before the header"));
+                            f.comm = Some(name);
+                        }
+                    }
+                    // Another task's `CPU:` line just before this header, with its own header out of
+                    // sight: two reports are interleaved, and the next trace may be either's.
+                    if let Some((at, other)) = unclaimed_cpu.take().filter(|(at, _)| i - at <= 12) {
+                        if f.comm.as_deref() != Some(other.as_str()) {
+                            f.notes.push(format!(
+                                "interleaved with {other}'s report (its CPU line at line {}): the call trace \
+                                 that follows is not attributed",
+                                at + 1
+                            ));
+                            attribute = false;
+                        }
+                    }
+                }
+                if matches!(event, KmsgEvent::AllocFailure(_)) {
+                    pending = Some(Pending::report(out.events.len(), attribute));
+                }
                 out.events.push(Found { line: i + 1, timestamp: split.timestamp, message, event });
             }
             Ok(None) => {}
@@ -708,7 +812,150 @@ pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
         }
         i += used;
     }
+    if let Some(w) = pending.take().and_then(|p| p.finish(path, &lines)) {
+        out.warnings.push(w);
+    }
     out
+}
+
+/// A failure report whose call trace may still come, or a trace with no report before it.
+struct Pending {
+    /// The report's index in the events; `None` for a trace found on its own.
+    event: Option<usize>,
+    /// Where an orphan trace began, and its frames.
+    orphan: Option<(usize, Vec<String>)>,
+    /// Lines read between the header and the trace.
+    seen: usize,
+    inside: bool,
+    /// Whether the trace is this report's to take (not when another report is interleaved).
+    attribute: bool,
+}
+
+enum Taken {
+    Consumed,
+    /// The report's block is over; the line is read as any other.
+    Ended,
+    /// Not part of the block, which goes on (a line between the header and its trace).
+    NotOurs,
+}
+
+impl Pending {
+    fn report(event: usize, attribute: bool) -> Pending {
+        Pending { event: Some(event), orphan: None, seen: 0, inside: false, attribute }
+    }
+
+    fn orphan(line: usize) -> Pending {
+        Pending { event: None, orphan: Some((line, Vec::new())), seen: 0, inside: true, attribute: true }
+    }
+
+    fn report_mut<'a>(&self, events: &'a mut [Found]) -> Option<&'a mut AllocFailureReport> {
+        match &mut events[self.event?].event {
+            KmsgEvent::AllocFailure(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    fn take(&mut self, message: &str, events: &mut [Found]) -> Taken {
+        match trace_line(message, self.inside) {
+            TraceLine::Start if !self.inside => {
+                self.inside = true;
+                Taken::Consumed
+            }
+            TraceLine::Marker => Taken::Consumed,
+            TraceLine::Frame | TraceLine::BareFrame if self.inside || self.seen < 12 => {
+                // Kernels before 2.6.2x printed the frames right after the header, with no heading.
+                self.inside = true;
+                if let Some((_, frames)) = self.orphan.as_mut() {
+                    frames.push(message.to_string());
+                } else if self.attribute {
+                    if let Some(f) = self.report_mut(events) {
+                        f.stack.push(message.to_string());
+                    }
+                }
+                Taken::Consumed
+            }
+            // Between the report and its trace come `CPU:`, `Hardware name:`, `Workqueue:`, the
+            // cpuset line and, before v4.9, a few lines of raw stack words: a handful at most.
+            TraceLine::Other if !self.inside && self.seen < 12 => {
+                self.seen += 1;
+                let Some(f) = self.report_mut(events) else { return Taken::NotOurs };
+                if let Some(name) = cpu_line_comm(message) {
+                    match f.comm.as_deref() {
+                        None => {
+                            f.notes.push(format!("task name {name:?} from the CPU line"));
+                            f.comm = Some(name.to_string());
+                        }
+                        Some(c) if c != name => {
+                            f.notes.push(format!(
+                                "{name}'s CPU line came before this report's trace: the reports are \
+                                 interleaved and the trace is not attributed"
+                            ));
+                            self.attribute = false;
+                        }
+                        Some(_) => {}
+                    }
+                    return Taken::Consumed;
+                }
+                // `, mode:0x1080020(GFP_ATOMIC), nodemask=`: the rest of a header split over lines.
+                if f.gfp.is_none() {
+                    if let Some(mode) = message.trim_start_matches(',').trim_start().strip_prefix("mode:") {
+                        f.gfp = parse_mode(mode, &mut f.notes);
+                        if f.gfp.is_some() {
+                            f.notes.push("mode from a line after the header (split over lines)".to_string());
+                        }
+                        return Taken::Consumed;
+                    }
+                }
+                Taken::NotOurs
+            }
+            _ => Taken::Ended,
+        }
+    }
+
+    /// A warning for an orphan trace that was an allocation failure's.
+    fn finish(self, path: &Path, lines: &[&str]) -> Option<Error> {
+        let (at, frames) = self.orphan?;
+        if !frames.iter().flat_map(|f| crate::stack::frame_names(f)).any(|n| n.starts_with("warn_alloc")) {
+            return None;
+        }
+        let site = crate::stack::call_site(&frames)
+            .map_or_else(|| "no call site in it".to_string(), |s| format!("call site {s}"));
+        Some(Error::parse(
+            path,
+            at + 1,
+            lines[at],
+            format!(
+                "a page allocation failure's call trace without its \"page allocation failure\" line \
+                 (cut off before it?): order and mode unknown; {site}"
+            ),
+        ))
+    }
+}
+
+/// `CPU: 4 PID: 1221 Comm: kswapd0 Not tainted …` (or 2.6's `Pid: 1221, comm: kswapd0 …`): the
+/// task the report is about, as the kernel itself names it.
+fn cpu_line_comm(message: &str) -> Option<&str> {
+    let rest = if message.starts_with("CPU: ") {
+        &message[message.find(" Comm: ")? + " Comm: ".len()..]
+    } else if message.starts_with("Pid: ") {
+        &message[message.find(", comm: ")? + ", comm: ".len()..]
+    } else {
+        return None;
+    };
+    // The name runs to the taint field; it may itself hold spaces, so cut at the known words.
+    let end = [" Not tainted", " Tainted:"].iter().filter_map(|w| rest.find(w)).min().unwrap_or(rest.len());
+    let name = rest[..end].trim();
+    (!name.is_empty() && name.len() <= COMM_MAX).then_some(name)
+}
+
+/// `swapper/3: ` alone on a line just before a header that lacks its name: the first part of a
+/// header another CPU's line was printed into.
+fn split_header_name(before: &[LogLine]) -> Option<String> {
+    before.iter().rev().find_map(|l| {
+        let m = l.message.trim();
+        let name = m.strip_suffix(':')?;
+        (!name.is_empty() && name.len() <= COMM_MAX && !name.contains(": ")).then(|| name.to_string())
+    })
 }
 
 /// `> `, `> > `, `>>`: a mail reply's quoting, taken off so a quoted report scans like the log.
@@ -722,31 +969,53 @@ pub fn strip_mail_quote(line: &str) -> &str {
 
 /// A line after an allocation failure report, as far as its call trace is concerned.
 enum TraceLine {
-    /// `Call Trace:` (`Call trace:` on arm64).
+    /// `Call Trace:` (`Call trace:` on arm64, `Backtrace:` on 32-bit ARM).
     Start,
-    /// `<IRQ>`, `</IRQ>`, `<TASK>`, `<EOI>`: a context change inside the trace.
+    /// `<IRQ>`, `</IRQ>`, `<TASK>`, `<EOI>`: a context change inside the trace; the `=====` line
+    /// 2.6 printed between the IRQ and the task stack; ARM's `r6:600f0093 r5:8141bd5c` registers.
     Marker,
     /// ` dump_stack+0x85/0xc0`, ` ? kfree+0x1b6/0x3b0`, `[<ffffffff815f3246>] dump_stack+0x46/0x58`.
     Frame,
+    /// A 32-bit ARM frame without offsets, or one a terminal cut short: `[<c000dc44>]
+    /// (unwind_backtrace) from [<c000cb00>] (show_stack+0x10/0x18)`, `[<bf84408f>]
+    /// (__alloc_pages_nodemask) from [<bf809fbf>] (__dma_a)`.
+    BareFrame,
     Other,
 }
 
 fn trace_line(message: &str, inside: bool) -> TraceLine {
-    if message.eq_ignore_ascii_case("Call Trace:") {
+    let m = message.trim();
+    if m.eq_ignore_ascii_case("Call Trace:") || m == "Backtrace:" {
         return TraceLine::Start;
     }
-    if !inside {
-        return TraceLine::Other;
+    if inside && m.starts_with('<') && m.ends_with('>') && !m.contains(' ') {
+        return TraceLine::Marker;
     }
-    let m = message.trim();
-    if m.starts_with('<') && m.ends_with('>') && !m.contains(' ') {
+    if inside && ((m.len() >= 8 && m.bytes().all(|b| b == b'=')) || is_arm_registers(m)) {
         return TraceLine::Marker;
     }
     // Every printed frame carries `+0xOFF/0xSIZE`; a register dump or `Code:` line has none.
     if m.contains("+0x") && crate::stack::function_name(m).is_some() {
         return TraceLine::Frame;
     }
+    if m.starts_with("[<") && m.contains(">] (") && crate::stack::function_name(m).is_some() {
+        return TraceLine::BareFrame;
+    }
     TraceLine::Other
+}
+
+/// ` r6:600f0093 r5:8141bd5c r4:00000000 r3:3abdc664`: what ARM's `Backtrace:` prints between frames.
+fn is_arm_registers(m: &str) -> bool {
+    let mut words = m.split_whitespace().peekable();
+    words.peek().is_some()
+        && words.all(|w| {
+            w.split_once(':').is_some_and(|(reg, val)| {
+                (1..=3).contains(&reg.len())
+                    && reg.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                    && !val.is_empty()
+                    && val.bytes().all(|b| b.is_ascii_hexdigit())
+            })
+        })
 }
 
 /// `Node 0, zone   Normal  40773 37 34 …`: the zone label and at least one count. A zoneinfo

@@ -14,9 +14,11 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The function a printed frame names, without offset (`+0x1f/0x60`), module (`[amdgpu]`),
-/// address (`[<ffffffff…>]`), unreliable-frame mark (`? `) or compiler-clone suffix (`.isra.15`,
-/// `.constprop.0`, `.part.0`, `.cold`, `.cold.140`, `.llvm.…`: kernel function names have no `.`).
+/// The function a printed frame names, without offset (`+0x1f/0x60`), module (`[amdgpu]`, with a
+/// build id or not), address (`[<ffffffff…>]`), unreliable-frame mark (`? `) or compiler-clone
+/// suffix (`.isra.15`, `.constprop.0`, `.part.0`, `.cold`, `.cold.140`, `.llvm.…`, `.cfi_jt`: kernel
+/// function names have no `.`). A 32-bit ARM frame (`[<c000dc44>] (unwind_backtrace) from
+/// [<c000cb00>] (show_stack+0x10/0x18)`) names its own function first.
 ///
 /// `None` for what is no frame: an empty line, `<IRQ>` / `</IRQ>` / `<TASK>` context markers.
 pub fn function_name(frame: &str) -> Option<&str> {
@@ -32,10 +34,23 @@ pub fn function_name(frame: &str) -> Option<&str> {
         f = rest[close + 2..].trim_start();
     }
     f = f.strip_prefix("? ").unwrap_or(f).trim_start();
-    let end = f.find(|c: char| c == '+' || c == '.' || c.is_whitespace()).unwrap_or(f.len());
+    // 32-bit ARM: `(show_stack+0x10/0x14) from [<c0011a5c>] (dump_stack+…)`, or `(show_stack) from …`
+    // since v4.x: the frame's own function is the first one in parentheses.
+    f = f.strip_prefix('(').unwrap_or(f);
+    let end = f.find(|c: char| c == '+' || c == '.' || c == ')' || c.is_whitespace()).unwrap_or(f.len());
     let name = &f[..end];
-    let ok = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    // `(0x0)`, the end of an ARM trace, is an address, not a function.
+    let ok = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
     ok.then_some(name)
+}
+
+/// The functions a printed frame names: one, or two on a 32-bit ARM line, which names the frame's
+/// function and, after ` from `, its caller (the next line's function, or, on the last line of a
+/// trace cut short, the only mention of it).
+pub fn frame_names(frame: &str) -> impl Iterator<Item = &str> {
+    let caller = frame.split_once(") from ").and_then(|(_, from)| function_name(from));
+    function_name(frame).into_iter().chain(caller)
 }
 
 /// Whether a kernel-log frame is marked `?`: an address found on the stack that the unwinder could
@@ -58,24 +73,66 @@ pub fn is_unreliable(frame: &str) -> bool {
 
 /// Whether `name` (a [`function_name`]) belongs to the allocator or to the code that reports its
 /// failure, rather than to whoever asked for memory: the tracepoint, `warn_alloc` and the stack
-/// dumper, the page allocator, slab/slub, kmalloc, kvmalloc and vmalloc entry points, and folio
-/// allocation. `__alloc_skb` and friends are *not* here: which skb allocator failed matters to a
-/// network developer, and its caller comes with it.
+/// dumpers of every era and architecture (`dump_trace`, `show_trace_log_lvl`, ARM's
+/// `unwind_backtrace`), the page allocator with its 3.x/4.x wrappers (`alloc_pages_current`,
+/// `alloc_pages_vma`, `alloc_kmem_pages`, `kmalloc_order_trace`), SLAB, SLUB and SLOB, kmalloc,
+/// kvmalloc and vmalloc, folio allocation, the page-fragment cache, zsmalloc, and the DMA API
+/// (`dma_alloc_coherent` and what it goes through): a driver's order-5 failure is the driver's, not
+/// `__dma_direct_alloc_pages`'s. `__alloc_skb` and friends are *not* here: which skb allocator
+/// failed matters to a network developer, and its caller comes with it.
 pub fn is_allocator(name: &str) -> bool {
     const PREFIXES: &[&str] = &[
         "trace_event_raw_event_",
         "warn_alloc",
         "dump_stack",
+        "__dump_stack",
         "dump_backtrace",
+        "dump_trace",
         "show_stack",
+        "show_trace",
+        "unwind_backtrace",
         "__alloc_pages",
+        "get_page_from_freelist",
+        "alloc_kmem_pages",
+        "slob_",
+        "__kmem_cache_alloc",
+        "refill_objects",
+        "__pcs_",
+        "page_frag_alloc",
+        "__page_frag_alloc",
+        "__page_frag_cache_refill",
+        "page_frag_cache_refill",
+        "zs_malloc",
+        "alloc_zspage",
+        "dma_alloc",
+        "__dma_alloc",
+        "dma_direct_alloc",
+        "__dma_direct_alloc",
+        "arm_dma_alloc",
+        "__arm_dma_alloc",
+        "remap_allocator_alloc",
+        "simple_allocator_alloc",
+        "cma_allocator_alloc",
+        "pool_allocator_alloc",
+        "__alloc_remap_buffer",
+        "__alloc_simple_buffer",
+        "__alloc_from_contiguous",
+        "__alloc_from_pool",
+        "alloc_single_sgt",
+        "dma_common_alloc_pages",
+        "iommu_dma_alloc",
+        "__iommu_dma_alloc",
+        "cma_alloc",
+        "usb_alloc_coherent",
+        "usb_alloc_noncoherent",
+        "hcd_buffer_alloc",
         "alloc_pages",
         "__alloc_frozen_pages",
         "alloc_frozen_pages",
         "__get_free_pages",
         "get_zeroed_page",
         "__folio_alloc",
-        "folio_alloc",
+        "alloc_page_interleave",
         "vma_alloc_folio",
         "alloc_slab_page",
         "allocate_slab",
@@ -100,7 +157,10 @@ pub fn is_allocator(name: &str) -> bool {
         "kmalloc_large",
         "kmalloc_order",
     ];
-    name == "kmalloc" || PREFIXES.iter().any(|p| name.starts_with(p))
+    // Whole names where a prefix would take in others: `folio_alloc_swap` allocates swap space.
+    const NAMES: &[&str] =
+        &["kmalloc", "folio_alloc", "folio_alloc_noprof", "folio_alloc_mpol", "folio_alloc_mpol_noprof"];
+    NAMES.contains(&name) || PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
 /// Where an allocation came from: the first frame outside the allocator and its caller.
@@ -126,16 +186,11 @@ impl std::fmt::Display for CallSite {
 
 /// The [`CallSite`] of a stack, innermost frame first, as printed (tracefs or kernel log).
 ///
-/// Frames marked `?` are skipped, unless every frame is (2.6 kernels without frame pointers mark
-/// them all). `None` when there is no frame outside the allocator.
+/// Frames marked `?` are skipped unless nothing outside the allocator is left without them (some
+/// kernels mark every frame: 2.6 without frame pointers, 5.x ORC traces that lost the unwind). `None`
+/// when there is no frame outside the allocator.
 pub fn call_site<S: AsRef<str>>(stack: &[S]) -> Option<CallSite> {
-    let all_unreliable = stack.iter().all(|f| is_unreliable(f.as_ref()));
-    let mut names = stack
-        .iter()
-        .map(AsRef::as_ref)
-        .filter(|f| all_unreliable || !is_unreliable(f))
-        .filter_map(function_name)
-        .skip_while(|n| is_allocator(n));
+    let mut names = outside_allocator(stack).into_iter();
     let function = names.next()?.to_string();
     Some(CallSite { function, caller: names.next().map(str::to_string) })
 }
@@ -143,17 +198,52 @@ pub fn call_site<S: AsRef<str>>(stack: &[S]) -> Option<CallSite> {
 /// The frames above the call site, from it outwards, up to `max` of them and stopping at the
 /// system-call or kernel-thread entry: context printed beside a [`CallSite`] group.
 pub fn path_from_site<S: AsRef<str>>(stack: &[S], max: usize) -> Vec<String> {
-    let all_unreliable = stack.iter().all(|f| is_unreliable(f.as_ref()));
-    stack
-        .iter()
-        .map(AsRef::as_ref)
-        .filter(|f| all_unreliable || !is_unreliable(f))
-        .filter_map(function_name)
-        .skip_while(|n| is_allocator(n))
-        .take_while(|n| !is_entry(n))
-        .take(max)
-        .map(str::to_string)
-        .collect()
+    outside_allocator(stack).into_iter().take_while(|n| !is_entry(n)).take(max).map(str::to_string).collect()
+}
+
+/// The function names from the call site outwards: past the allocator's frames at the top of the
+/// stack, and past one or two frames caught between two of them. Those are allocator internals
+/// this list does not name, or stale words an unwinder without frame pointers printed as frames
+/// (2.6: `kmem_getpages`, `tcp_v4_route_req`, `cache_grow`): the allocator calls nothing of its
+/// caller's. Only at the top: an allocation that failed inside another one's direct reclaim is
+/// its own caller's, many frames below the outer allocator.
+fn outside_allocator<S: AsRef<str>>(stack: &[S]) -> Vec<&str> {
+    let names = |reliable_only: bool| -> Vec<&str> {
+        let mut names: Vec<&str> = stack
+            .iter()
+            .map(AsRef::as_ref)
+            .filter(|f| !reliable_only || !is_unreliable(f))
+            .flat_map(frame_names)
+            .collect();
+        // An ARM line's caller is the next line's function: one frame, named twice.
+        names.dedup();
+        names
+    };
+    let reliable = past(names(true));
+    if !reliable.is_empty() {
+        return reliable;
+    }
+    past(names(false))
+}
+
+/// `names` from the first one past the allocator (see [`outside_allocator`]).
+fn past(names: Vec<&str>) -> Vec<&str> {
+    const ISLAND: usize = 2;
+    let mut start = 0;
+    while start < names.len() {
+        if is_allocator(names[start]) {
+            start += 1;
+            continue;
+        }
+        // A short run of others with an allocator frame right after it is still the allocator.
+        let run = names[start..].iter().take_while(|n| !is_allocator(n)).count();
+        if start > 0 && run <= ISLAND && start + run < names.len() {
+            start += run;
+            continue;
+        }
+        break;
+    }
+    names[start..].to_vec()
 }
 
 /// Failures of one order from one [`CallSite`].
@@ -247,6 +337,17 @@ mod tests {
         assert_eq!(function_name("alloc_empty_pages.isra.15+0x24/0x60"), Some("alloc_empty_pages"));
         assert_eq!(function_name("warn_alloc.cold.140+0x68/0xe8"), Some("warn_alloc"));
         assert_eq!(function_name("sctp_datamsg_from_user.isra.0"), Some("sctp_datamsg_from_user"));
+        assert_eq!(
+            function_name("[<c000dc44>] (unwind_backtrace) from [<c000cb00>] (show_stack+0x10/0x18)"),
+            Some("unwind_backtrace")
+        );
+        assert_eq!(
+            function_name(
+                "[<c0013f5c>] (unwind_backtrace+0x0/0xf8) from [<c0011a5c>] (show_stack+0x10/0x14)"
+            ),
+            Some("unwind_backtrace")
+        );
+        assert_eq!(function_name("dump_backtrace.cfi_jt+0x0/0x4"), Some("dump_backtrace"));
         assert_eq!(function_name("<IRQ>"), None);
         assert_eq!(function_name(""), None);
         assert!(is_unreliable("[<ffffffffab4c7f02>] ? __netif_receive_skb_core+0x222/0xad0"));

@@ -58,7 +58,7 @@ fn xorg_order4_failure_with_mem_info() {
     let s = scan("linux-mm-2019-08-05-xorg-order4.dmesg");
     let f = failures(&s);
     assert_eq!(f.len(), 1);
-    assert_eq!(f[0].comm, "Xorg");
+    assert_eq!(f[0].comm.as_deref(), Some("Xorg"));
     assert_eq!(f[0].order, 4);
     assert_eq!(f[0].gfp, gfp(0x40dc0, &["GFP_KERNEL", "__GFP_COMP", "__GFP_ZERO"]));
     assert_eq!(f[0].nodemask.as_deref(), Some("(null)"));
@@ -146,14 +146,14 @@ fn current_form_from_netdev_and_xen() {
     let s = scan("netdev-2022-07-06-ksoftirqd-order0.dmesg");
     let f = failures(&s);
     assert_eq!(f.len(), 1);
-    assert_eq!(f[0].comm, "ksoftirqd/0");
+    assert_eq!(f[0].comm.as_deref(), Some("ksoftirqd/0"));
     assert_eq!(f[0].gfp, gfp(0x40a20, &["GFP_ATOMIC", "__GFP_COMP"]));
     assert!(s.events.iter().any(|e| e.event == KmsgEvent::OomNoVictim));
 
     let s = scan("xen-devel-2020-07-22-order4.serial");
     let f = failures(&s);
     assert_eq!(f.len(), 1);
-    assert_eq!(f[0].comm, "libxl-save-help");
+    assert_eq!(f[0].comm.as_deref(), Some("libxl-save-help"));
     assert_eq!(f[0].order, 4);
     assert_eq!(f[0].nodemask.as_deref(), Some("(null)"));
     assert_eq!(f[0].cpuset, None);
@@ -165,7 +165,7 @@ fn legacy_and_intermediate_forms() {
     let s = scan("redhat-rhel6-order1.syslog");
     let f = failures(&s);
     assert_eq!(
-        f.iter().map(|f| f.comm.as_str()).collect::<Vec<_>>(),
+        f.iter().map(|f| f.comm.as_deref().unwrap()).collect::<Vec<_>>(),
         ["glusterfsd", "swapper", "swapper", "swapper", "swapper"]
     );
     assert!(f.iter().all(|f| f.legacy_format && f.order == 1 && f.gfp == gfp(0x20, &[])));
@@ -176,16 +176,22 @@ fn legacy_and_intermediate_forms() {
 
     let s = scan("node-exporter-2990-order5.kernel");
     let f = failures(&s);
-    assert_eq!((f[0].comm.as_str(), f[0].order, f[0].gfp.clone()), ("node_exporter", 5, gfp(0xd0, &[])));
+    assert_eq!(
+        (f[0].comm.as_deref().unwrap(), f[0].order, f[0].gfp.clone()),
+        ("node_exporter", 5, gfp(0xd0, &[]))
+    );
 
     let s = scan("writeboost-72-order8.dmesg");
     let f = failures(&s);
-    assert_eq!((f[0].comm.as_str(), f[0].order, f[0].legacy_format), ("dmwb_writeback_", 8, false));
+    assert_eq!(
+        (f[0].comm.as_deref().unwrap(), f[0].order, f[0].legacy_format),
+        ("dmwb_writeback_", 8, false)
+    );
     assert_eq!(f[0].gfp, gfp(0x204010, &[]));
 
     let s = scan("coreos-1106-java-order0.journal");
     let f = failures(&s);
-    assert_eq!(f[0].comm, "java");
+    assert_eq!(f[0].comm.as_deref(), Some("java"));
     assert_eq!(f[0].gfp, gfp(0x2084120, &["GFP_ATOMIC", "__GFP_COLD", "__GFP_COMP"]));
     assert_eq!(f[0].nodemask, None);
 }
@@ -201,7 +207,10 @@ fn wrapped_free_area_line_is_joined() {
     assert_eq!(a.total_kb, Some(16832));
     assert_eq!(s.events[0].line, 1);
     let f = failures(&s);
-    assert_eq!((f[0].comm.as_str(), f[0].gfp.clone()), ("swapper/12", gfp(0x2080020, &["GFP_ATOMIC"])));
+    assert_eq!(
+        (f[0].comm.as_deref().unwrap(), f[0].gfp.clone()),
+        ("swapper/12", gfp(0x2080020, &["GFP_ATOMIC"]))
+    );
 }
 
 #[test]
@@ -384,7 +393,7 @@ proptest! {
         let g = Gfp { mask: u64::from(mask), flags: names };
         let line = format!("[{:5}.{:06}] {comm}: page allocation failure: order:{order}, mode:{g}, nodemask=(null),cpuset=/,mems_allowed=0-1,3", ts / 1000, ts % 1000);
         let Ok(Some(KmsgEvent::AllocFailure(f))) = parse_line(&line) else { panic!("{line}") };
-        prop_assert_eq!(f.comm, comm);
+        prop_assert_eq!(f.comm, Some(comm));
         prop_assert_eq!(f.order, order);
         prop_assert_eq!(f.gfp, Some(g));
         prop_assert_eq!(f.mems_allowed.as_deref(), Some("0-1,3"));
@@ -467,4 +476,271 @@ fn quoted_buddyinfo_lines_in_a_mail() {
     let other = "Node 0, zone   Normal\nNode    0, zone   Normal, type    Unmovable      1      2\n";
     let s = scan_log(other, "other");
     assert!(s.events.is_empty() && s.warnings.is_empty(), "{:?}", s.events);
+}
+
+/// What scan_log read from one capture: its failures, and its warnings as text.
+fn scan_with_warnings(name: &str) -> (Vec<fraglab_probe::kmsg::AllocFailureReport>, Vec<String>) {
+    let (path, text) = capture(name);
+    let s = scan_log(&text, &path);
+    (failures(&s).into_iter().cloned().collect(), s.warnings.iter().map(|w| w.to_string()).collect())
+}
+
+/// Reports of every era and architecture (captures/kmsg/README.md, "Call sites across eras"): the
+/// order, mask, task and call site each is about, as a kernel engineer reads them off the log.
+#[test]
+fn call_sites_across_eras_and_architectures() {
+    use fraglab_probe::stack::call_site;
+    // (capture, order, mask, comm, "function ← caller" or "function" when the trace ends there)
+    let cases: &[(&str, u32, u64, &str, &str)] = &[
+        // 2.6.9 i386: no `Call Trace:` heading, no `?` marks, a stale `tcp_v4_route_req` between
+        // kmem_getpages and cache_grow.
+        (
+            "lkml-2004-12-03-cache-alloc-refill-sk-alloc-order1.txt",
+            1,
+            0x20,
+            "smtpd",
+            "sk_alloc ← tcp_create_openreq_child",
+        ),
+        // 2.6.18: show_trace and dump_stack before the allocator, the IRQ stack's `=====` line.
+        (
+            "lkml-2006-11-06-show-trace-cache-alloc-refill-order1.dmesg",
+            1,
+            0x20,
+            "swapper",
+            "__alloc_skb ← tcp_collapse",
+        ),
+        // 3.8: SLAB's kmem_getpages / fallback_alloc, every frame marked `?`.
+        (
+            "linux-mm-2013-01-28-fallback-alloc-check-partition-order4.dmesg",
+            4,
+            0x2000d0,
+            "kworker/u:0",
+            "check_partition ← rescan_partitions",
+        ),
+        // 5.9: kmalloc_order with `.cold` and `.constprop.0`, every frame `?`.
+        (
+            "lkml-2020-10-26-kmalloc-order-dc-create-state-order5.txt",
+            5,
+            0x40dc0,
+            "kworker/u24:4",
+            "dc_create_state ← amdgpu_dm_atomic_commit_tail",
+        ),
+        // 5.4: kmalloc_order_trace.
+        (
+            "stable-2021-10-06-kmalloc-order-trace-nfsd-order5.dmesg",
+            5,
+            0x40dc0,
+            "emerge",
+            "nfsd_reply_cache_init ← nfsd_init_net",
+        ),
+        // 6.19 SLUB sheaves: allocate_slab, refill_objects, __pcs_replace_empty_main; `[btrfs]`.
+        (
+            "linux-mm-2026-02-22-allocate-slab-btrfs-order0.dmesg",
+            0,
+            0xc0c40,
+            "kswapd0",
+            "alloc_extent_state ← btrfs_clear_extent_bit_changeset",
+        ),
+        // 6.19: the DMA API between the driver and the page allocator; `.isra.0`, `.part.0`.
+        (
+            "linux-media-2026-03-20-uvcvideo-dma-direct-order5.dmesg",
+            5,
+            0xcc0,
+            "v4l2src0:src",
+            "uvc_alloc_urb_buffers ← uvc_video_start_transfer",
+        ),
+        // 6.19 `dmesg -T`, a build id on the CPU line; folio_alloc_swap is no folio allocator.
+        (
+            "github-rocm-2026-04-17-folio-alloc-swap-buildid-order0.dmesg",
+            0,
+            0xc0de0,
+            "kswapd0",
+            "isolate_lock_cluster ← folio_alloc_swap",
+        ),
+        // ARM32 v5.3, `(callee) from [<…>] (caller+…)`, SLOB, a frame line split in the source.
+        (
+            "linux-omap-2019-08-14-sx1-swapper-order0-slob.txt",
+            0,
+            0x0,
+            "swapper",
+            "__clk_register ← omap1_clk_init",
+        ),
+        // ARM32 Thumb-2 v5.8: the last line cut short.
+        (
+            "lkml-2020-09-02-sunxi-f2fs-zstd-order9.txt",
+            9,
+            0x40c40,
+            "kworker/u9:3",
+            "zstd_init_decompress_ctx ← f2fs_decompress_pages",
+        ),
+        // ARM32 v4.14, every line cut at a terminal's width: the last caller only after ` from `.
+        (
+            "pfsol-prj-2018-rza2-yavta-order7-truncated.dmesg",
+            7,
+            0x14000c0,
+            "yavta",
+            "vb2_dc_alloc ← __vb2_queue_alloc",
+        ),
+        // ARM32 v3.10, the old one-line form, console output glued before the task name.
+        (
+            "linux-mm-2014-12-08-imx6q-swapper-order0-fec-mangled-prefix.txt",
+            0,
+            0x200020,
+            "swapper/0",
+            "build_skb ← __netdev_alloc_skb",
+        ),
+        // arm64 with `<4>` and a CFI jump-table frame.
+        (
+            "lkml-2022-06-03-android-system-server-order0-selinux.dmesg",
+            0,
+            0xa20,
+            "system_server",
+            "context_struct_to_string ← context_add_hash",
+        ),
+        // arm64 with a vendor `[cpu: comm:pid]` column and no timestamp.
+        (
+            "lkml-2023-12-27-samsung-s5e9945-binder-order0-async.txt",
+            0,
+            0xa20,
+            "binder:569_5",
+            "async_schedule_node_domain ← async_schedule_node",
+        ),
+        // arm64 4.14: `[<0000000000000000>] func` frames, glued lines, zsmalloc as the allocator.
+        (
+            "lkml-2020-06-16-android-arm64-kswapd0-order0-zsmalloc-mangled.dmesg",
+            0,
+            0x140000a,
+            "kswapd0",
+            "zram_bvec_rw ← zram_rw_page",
+        ),
+        (
+            "lkml-2020-06-13-android-arm64-binder-order0-callercol.dmesg",
+            0,
+            0x480020,
+            "Binder:9343_3",
+            "context_struct_to_string ← security_sid_to_context_core",
+        ),
+        // arm64 with `[ts]text` and `[ts]: func` (no space, a colon).
+        (
+            "linux-input-2024-05-22-oppo-arm64-kworker-order4-hid-colon.dmesg",
+            4,
+            0x40dc0,
+            "kworker/1: 0",
+            "hid_add_field ← hid_parser_main",
+        ),
+        // x86 with CONFIG_PRINTK_CALLER's `[    T1]`, `?` frames beside the real ones.
+        (
+            "lkml-2022-08-23-sle15-x86-swapper-order10-dmapool-callerid-8node.dmesg",
+            10,
+            0xcc1,
+            "swapper/0",
+            "atomic_pool_expand ← __dma_atomic_pool_init",
+        ),
+        // ARM32 3.2 as a syslog excerpt indented as a Markdown block; the trace cut after the site.
+        (
+            "porjo-mt7601-21-2015-04-08-kirkwood-khubd-order5-fragment.syslog",
+            5,
+            0x20,
+            "khubd",
+            "RTMPAllocUsbBulkBufStruct",
+        ),
+    ];
+    for &(name, order, mask, comm, site) in cases {
+        let (f, warnings) = scan_with_warnings(name);
+        assert_eq!(f.len(), 1, "{name}: {f:#?}");
+        let f = &f[0];
+        assert_eq!(
+            (f.order, f.gfp.as_ref().map(|g| g.mask), f.comm.as_deref()),
+            (order, Some(mask), Some(comm)),
+            "{name}"
+        );
+        assert_eq!(
+            call_site(&f.stack).map(|c| c.to_string()).as_deref(),
+            Some(site),
+            "{name}: {:#?}",
+            f.stack
+        );
+        // Only the yavta log has an unreadable line: its free-area line, cut at the terminal.
+        let expected = usize::from(name.starts_with("pfsol"));
+        assert_eq!(warnings.len(), expected, "{name}: {warnings:?}");
+    }
+}
+
+/// What a mangled log could not give is said, not guessed.
+#[test]
+fn mangled_reports_say_what_they_lost() {
+    // Console output before the name: over 15 bytes, so not a task name; the CPU line names it.
+    let (f, _) = scan_with_warnings("linux-mm-2014-12-08-imx6q-swapper-order0-fec-mangled-prefix.txt");
+    assert!(f[0].notes.iter().any(|n| n.contains("longer than a task name")), "{:?}", f[0].notes);
+    assert!(f[0].notes.iter().any(|n| n.contains("from the CPU line")), "{:?}", f[0].notes);
+
+    // Two MIPS CPUs at once (OpenWrt): CPU 3's header split over four lines, CPU 0's `CPU:` line
+    // and raw stack words between them. CPU 3's failure is counted with its name (the line before)
+    // and its mode (a line after); the trace that follows could be either CPU's and is not taken.
+    let (f, warnings) = scan_with_warnings("lede-2453-mt7621-mips-interleaved-cpu0-cpu3-window2.dmesg");
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(
+        (f[0].order, f[0].comm.as_deref(), f[0].gfp.as_ref().map(|g| g.mask)),
+        (0, Some("swapper/3"), Some(0x1080020))
+    );
+    assert!(f[0].stack.is_empty(), "{:?}", f[0].stack);
+    let notes = f[0].notes.join("; ");
+    for said in [
+        "no task name before",
+        "from the line before the header",
+        "interleaved with swapper/0's report",
+        "mode from a line after",
+    ] {
+        assert!(notes.contains(said), "{said}: {notes}");
+    }
+    // The trace at the top of the window, whose header is above it: a failure with no order.
+    let (f, warnings1) = scan_with_warnings("lede-2453-mt7621-mips-interleaved-cpu0-cpu3-window1.dmesg");
+    assert_eq!(f.len(), 1);
+    assert!(
+        warnings1.iter().any(|w| w.contains(":4: a page allocation failure's call trace without its")
+            && w.contains("call site mt76_dma_attach")),
+        "{warnings1:?}"
+    );
+    assert!(warnings.iter().all(|w| w.contains("call trace without its")), "{warnings:?}");
+
+    // The excerpt begins after its header: only the orphan trace, with its call site.
+    let (f, warnings) = scan_with_warnings("lkml-2020-06-13-android-arm64-kswapd0-noheader-callercol.dmesg");
+    assert!(f.is_empty());
+    assert_eq!(warnings.len(), 1);
+    assert!(
+        warnings[0].contains("order and mode unknown; call site zram_bvec_rw ← zram_rw_page"),
+        "{warnings:?}"
+    );
+
+    // The trace stops inside SLUB: no call site, and none is made up.
+    let (f, _) = scan_with_warnings("linux-mm-2019-03-28-android-arm32-kswapd0-order0-slab-regs.dmesg");
+    assert_eq!(fraglab_probe::stack::call_site(&f[0].stack), None, "{:?}", f[0].stack);
+    assert!(f[0].stack.iter().any(|s| s.contains("(kmem_cache_alloc+0x16c/0x2d0)")), "{:?}", f[0].stack);
+
+    // A mode cut short keeps its mask.
+    let Ok(Some(KmsgEvent::AllocFailure(f))) =
+        parse_line("[  887.838111] yavta: page allocation failure: order:7, mode:0x14000c0(GFP_KERN")
+    else {
+        panic!()
+    };
+    assert_eq!((f.order, f.gfp.map(|g| g.mask)), (7, Some(0x14000c0)));
+    assert!(f.notes[0].contains("cut short"), "{:?}", f.notes);
+}
+
+/// Free-area lines behind every prefix the captures have: `<4>[ts]`, a vendor column, a caller id.
+#[test]
+fn free_area_lines_behind_any_prefix() {
+    for (name, zone, first) in [
+        ("lkml-2022-06-03-android-system-server-order0-selinux.dmesg", "Normal", 8),
+        ("lkml-2020-06-13-android-arm64-binder-order0-callercol.dmesg", "Normal", 505),
+        ("lkml-2020-06-13-android-arm64-kswapd0-noheader-callercol.dmesg", "Normal", 196),
+        ("linux-mm-2019-03-28-android-arm32-meminfo-highmem.dmesg", "DMA", 148),
+        ("lkml-2022-08-23-sle15-x86-swapper-order10-dmapool-callerid-8node.dmesg", "DMA", 0),
+    ] {
+        let (path, text) = capture(name);
+        let s = scan_log(&text, &path);
+        let areas = free_areas(&s);
+        let a = areas.first().unwrap_or_else(|| panic!("{name}: no free area"));
+        assert_eq!((a.1.zone.as_deref(), a.1.free[0]), (Some(zone), first), "{name}");
+    }
 }

@@ -144,7 +144,8 @@ pub struct FragmentArgs {
     #[arg(long, value_name = "SIZE", requires = "max_free_order")]
     pub free: Option<String>,
     /// Reproduce a buddyinfo line (`Node 0, zone Normal 40773 37 34 29 0 ...`) or a kernel Mem-Info
-    /// line (`Normal: 512*4kB (UME) 97*8kB ... = 3016kB`).
+    /// line (`Normal: 512*4kB (UME) 97*8kB ... = 3016kB`), as pasted from a log: a dmesg stamp,
+    /// `<4>`, syslog or journal prefix is taken off.
     #[arg(long, value_name = "LINE")]
     pub profile: Option<String>,
     /// Shape only this much memory (shared machines, tests); success is judged on the memory taken.

@@ -81,6 +81,9 @@ impl Profile {
     }
 }
 
+/// A failure whose header names no task (see `AllocFailureReport::comm`).
+const UNNAMED: &str = "(not logged)";
+
 pub fn run(args: ScanArgs) -> Result<Exit> {
     let (name, bytes) = if args.log.as_os_str() == "-" {
         let mut b = Vec::new();
@@ -138,9 +141,10 @@ pub fn scan(text: &str, name: &str) -> ScanReport {
                 *r.by_order.entry(f.order).or_default() += 1;
                 let mode = f.gfp.as_ref().map_or_else(|| "(not logged)".to_string(), |g| g.to_string());
                 *r.by_mode.entry(mode).or_default() += 1;
-                *r.by_command.entry(f.comm.clone()).or_default() += 1;
+                let comm = f.comm.as_deref().unwrap_or(UNNAMED);
+                *r.by_command.entry(comm.to_string()).or_default() += 1;
                 last_report =
-                    Some(format!("line {}: {} order-{} allocation failure", found.line, f.comm, f.order));
+                    Some(format!("line {}: {comm} order-{} allocation failure", found.line, f.order));
                 r.failures.push(found);
             }
             KmsgEvent::OomInvoked(o) => {
@@ -204,6 +208,21 @@ fn human(r: &ScanReport) -> String {
                 None => g.describe(),
             };
             let _ = writeln!(o, "    {what}");
+        }
+        // What a mangled log left unread or let be recovered only from elsewhere, report by report.
+        let noted: Vec<(usize, &Vec<String>)> = r
+            .failures
+            .iter()
+            .filter_map(|f| match &f.event {
+                KmsgEvent::AllocFailure(a) if !a.notes.is_empty() => Some((f.line, &a.notes)),
+                _ => None,
+            })
+            .collect();
+        if !noted.is_empty() {
+            let _ = writeln!(o, "  read with difficulty:");
+            for (line, notes) in noted {
+                let _ = writeln!(o, "    line {line}: {}", notes.join("; "));
+            }
         }
     }
     let _ = writeln!(
