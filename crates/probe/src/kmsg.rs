@@ -704,6 +704,8 @@ pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
     let mut pending: Option<Pending> = None;
     // The last `CPU: … Comm:` line no report has claimed: (index, task name).
     let mut unclaimed_cpu: Option<(usize, String)> = None;
+    // The last report whose block ended before any trace: (its event index, its header's index).
+    let mut untraced: Option<(usize, usize)> = None;
     let mut i = 0;
     while i < lines.len() {
         let split = &messages[i];
@@ -715,26 +717,43 @@ pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
                     continue;
                 }
                 Taken::Ended => {
-                    if let Some(w) = pending.take().and_then(|p| p.finish(path, &lines)) {
-                        out.warnings.push(w);
+                    if let Some(p) = pending.take() {
+                        if let Some(at) = p.untraced() {
+                            untraced = Some(at);
+                        }
+                        out.warnings.extend(p.finish(path, &lines));
                     }
                 }
                 Taken::NotOurs => {}
             }
         }
-        if let Some(comm) = cpu_line_comm(&message) {
-            // One within a few lines of a header (an OOM report's, or a report whose block ended)
-            // is that header's.
-            let near_event = out.events.last().is_some_and(|e| i + 1 - e.line <= 12);
-            if !near_event {
+        // (A header glued onto a CPU line is read as the header, below.)
+        if let Some(comm) = cpu_line_comm(&message).filter(|_| !message.contains(FAILURE_BARE)) {
+            // One within a few lines of a report's header (an OOM report's, or one whose block
+            // ended) is that report's.
+            let last_header = out
+                .events
+                .iter()
+                .rev()
+                .find(|e| matches!(e.event, KmsgEvent::AllocFailure(_) | KmsgEvent::OomInvoked(_)));
+            if last_header.is_none_or(|e| i + 1 - e.line > 12) {
                 unclaimed_cpu = Some((i, comm.to_string()));
             }
             i += 1;
             continue;
         }
         if pending.is_none() && matches!(trace_line(&message, false), TraceLine::Start) {
-            // A trace with no report before it: kept aside, to say what was lost if it is one.
-            pending = Some(Pending::orphan(i));
+            // A trace a little further below a report that took none is that report's; one with
+            // no report before it is kept aside, to say what was lost if it is a failure's.
+            pending = Some(match untraced.take().filter(|(_, at)| i - at <= 40) {
+                Some((event, at)) => {
+                    if let KmsgEvent::AllocFailure(f) = &mut out.events[event].event {
+                        f.notes.push(format!("its call trace begins {} lines after the header", i - at));
+                    }
+                    Pending::report_trace(event)
+                }
+                None => Pending::orphan(i),
+            });
             i += 1;
             continue;
         }
@@ -748,8 +767,8 @@ pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
                 }),
                 Err(reason) => out.warnings.push(Error::parse(path, i + 1, lines[i], reason)),
             }
-            if let Some(w) = pending.take().and_then(|p| p.finish(path, &lines)) {
-                out.warnings.push(w);
+            if let Some(p) = pending.take() {
+                out.warnings.extend(p.finish(path, &lines));
             }
             i += 1;
             continue;
@@ -777,16 +796,22 @@ pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
         }
         match parse_message(&message) {
             Ok(Some(event)) => {
-                if let Some(w) = pending.take().and_then(|p| p.finish(path, &lines)) {
-                    out.warnings.push(w);
+                if let Some(p) = pending.take() {
+                    out.warnings.extend(p.finish(path, &lines));
                 }
+                // A trace below this is not the earlier report's.
+                untraced = None;
                 let mut event = event;
                 let mut attribute = true;
+                let mut name_guessed = false;
                 if let KmsgEvent::AllocFailure(f) = &mut event {
-                    if f.comm.is_none() {
+                    // Only a header with nothing before its marker: one with console output glued
+                    // on had a name, which its CPU line gives.
+                    if message.starts_with(FAILURE_BARE) {
                         if let Some(name) = split_header_name(&messages[i.saturating_sub(3)..i]) {
                             f.notes.push(format!("task name {name:?} from the line before the header"));
                             f.comm = Some(name);
+                            name_guessed = true;
                         }
                     }
                     // Another task's `CPU:` line just before this header, with its own header out of
@@ -803,32 +828,49 @@ pub fn scan_log(text: &str, path: impl AsRef<Path>) -> LogScan {
                     }
                 }
                 if matches!(event, KmsgEvent::AllocFailure(_)) {
-                    pending = Some(Pending::report(out.events.len(), attribute));
+                    pending = Some(Pending::report(out.events.len(), i, attribute, name_guessed));
                 }
                 out.events.push(Found { line: i + 1, timestamp: split.timestamp, message, event });
+            }
+            // warn_alloc's other reports (`vmalloc error: size 8192, …, mode:0xcc0(GFP_KERNEL)`,
+            // 4.9's `page allocation stalls for 10000ms, order:0, mode:…`): not failures of a page
+            // allocation, but their CPU line and trace are theirs, not an orphan's.
+            Ok(None) if message.contains("mode:0x") => {
+                if let Some(p) = pending.take() {
+                    out.warnings.extend(p.finish(path, &lines));
+                }
+                untraced = None;
+                pending = Some(Pending::quiet());
             }
             Ok(None) => {}
             Err(reason) => out.warnings.push(Error::parse(path, i + 1, lines[i], reason)),
         }
         i += used;
     }
-    if let Some(w) = pending.take().and_then(|p| p.finish(path, &lines)) {
-        out.warnings.push(w);
+    if let Some(p) = pending.take() {
+        out.warnings.extend(p.finish(path, &lines));
     }
     out
 }
 
-/// A failure report whose call trace may still come, or a trace with no report before it.
+/// A failure report whose call trace may still come, another warn_alloc report's block, or a
+/// trace with no report before it.
 struct Pending {
-    /// The report's index in the events; `None` for a trace found on its own.
+    /// The report's index in the events; `None` for a trace found on its own or another report.
     event: Option<usize>,
+    /// The report's header line.
+    header: usize,
     /// Where an orphan trace began, and its frames.
     orphan: Option<(usize, Vec<String>)>,
     /// Lines read between the header and the trace.
     seen: usize,
     inside: bool,
+    /// `Call Trace:` (or its like) read: a second one is another report's.
+    heading: bool,
     /// Whether the trace is this report's to take (not when another report is interleaved).
     attribute: bool,
+    /// The task name came from the line before the header: the report's CPU line overrides it.
+    name_guessed: bool,
 }
 
 enum Taken {
@@ -840,12 +882,50 @@ enum Taken {
 }
 
 impl Pending {
-    fn report(event: usize, attribute: bool) -> Pending {
-        Pending { event: Some(event), orphan: None, seen: 0, inside: false, attribute }
+    fn report(event: usize, header: usize, attribute: bool, name_guessed: bool) -> Pending {
+        Pending {
+            event: Some(event),
+            header,
+            orphan: None,
+            seen: 0,
+            inside: false,
+            heading: false,
+            attribute,
+            name_guessed,
+        }
+    }
+
+    /// A report's trace found below its header block.
+    fn report_trace(event: usize) -> Pending {
+        Pending { inside: true, heading: true, ..Pending::report(event, 0, true, false) }
     }
 
     fn orphan(line: usize) -> Pending {
-        Pending { event: None, orphan: Some((line, Vec::new())), seen: 0, inside: true, attribute: true }
+        Pending {
+            event: None,
+            orphan: Some((line, Vec::new())),
+            inside: true,
+            heading: true,
+            ..Pending::quiet()
+        }
+    }
+
+    fn quiet() -> Pending {
+        Pending {
+            event: None,
+            header: 0,
+            orphan: None,
+            seen: 0,
+            inside: false,
+            heading: false,
+            attribute: false,
+            name_guessed: false,
+        }
+    }
+
+    /// A report whose block ended before any trace, to give one found a little further down.
+    fn untraced(&self) -> Option<(usize, usize)> {
+        (!self.inside && self.attribute).then_some((self.event?, self.header))
     }
 
     fn report_mut<'a>(&self, events: &'a mut [Found]) -> Option<&'a mut AllocFailureReport> {
@@ -857,8 +937,10 @@ impl Pending {
 
     fn take(&mut self, message: &str, events: &mut [Found]) -> Taken {
         match trace_line(message, self.inside) {
-            TraceLine::Start if !self.inside => {
+            // (After frames printed before any heading, the heading is still this trace's.)
+            TraceLine::Start if !self.heading => {
                 self.inside = true;
+                self.heading = true;
                 Taken::Consumed
             }
             TraceLine::Marker => Taken::Consumed,
@@ -878,11 +960,23 @@ impl Pending {
             // cpuset line and, before v4.9, a few lines of raw stack words: a handful at most.
             TraceLine::Other if !self.inside && self.seen < 12 => {
                 self.seen += 1;
-                let Some(f) = self.report_mut(events) else { return Taken::NotOurs };
+                if message.contains(FAILURE_BARE) {
+                    // Another report's header, glued to whatever it is glued to: read as one.
+                    return Taken::NotOurs;
+                }
+                let name_guessed = self.name_guessed;
+                let Some(f) = self.report_mut(events) else {
+                    // Another warn_alloc report's block: its own CPU line.
+                    return if cpu_line_comm(message).is_some() { Taken::Consumed } else { Taken::NotOurs };
+                };
                 if let Some(name) = cpu_line_comm(message) {
                     match f.comm.as_deref() {
                         None => {
                             f.notes.push(format!("task name {name:?} from the CPU line"));
+                            f.comm = Some(name.to_string());
+                        }
+                        Some(c) if c != name && name_guessed => {
+                            f.notes.push(format!("task name {name:?} from the CPU line, not {c:?}"));
                             f.comm = Some(name.to_string());
                         }
                         Some(c) if c != name => {
@@ -948,13 +1042,19 @@ fn cpu_line_comm(message: &str) -> Option<&str> {
     (!name.is_empty() && name.len() <= COMM_MAX).then_some(name)
 }
 
-/// `swapper/3: ` alone on a line just before a header that lacks its name: the first part of a
-/// header another CPU's line was printed into.
+/// `swapper/3: ` alone on a line just before a header that lacks its name (the nearest of the
+/// lines given): the first part of a header another CPU's line was printed into. A heading
+/// (`Backtrace:`, `Mem-Info:`) or anything with a blank in it is no task name here.
 fn split_header_name(before: &[LogLine]) -> Option<String> {
+    const HEADINGS: [&str; 4] = ["Backtrace", "Mem-Info", "Mem-info", "Stack"];
     before.iter().rev().find_map(|l| {
         let m = l.message.trim();
         let name = m.strip_suffix(':')?;
-        (!name.is_empty() && name.len() <= COMM_MAX && !name.contains(": ")).then(|| name.to_string())
+        let ok = !name.is_empty()
+            && name.len() <= COMM_MAX
+            && !name.contains(char::is_whitespace)
+            && !HEADINGS.contains(&name);
+        ok.then(|| name.to_string())
     })
 }
 

@@ -7,6 +7,7 @@
 pub mod buddyinfo;
 pub mod error;
 pub mod extfrag;
+pub mod fallback;
 pub mod kmsg;
 pub mod meminfo;
 pub mod pagetypeinfo;

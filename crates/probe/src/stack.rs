@@ -223,6 +223,13 @@ fn outside_allocator<S: AsRef<str>>(stack: &[S]) -> Vec<&str> {
     if !reliable.is_empty() {
         return reliable;
     }
+    // Only when the trace goes on past its last reliable frame with `?` ones alone (every frame
+    // marked): a trace cut inside the allocator has no call site, and none is made up from the
+    // stale words beside its frames.
+    let last_reliable = stack.iter().rposition(|f| !is_unreliable(f.as_ref()));
+    if last_reliable.is_some_and(|i| i + 1 == stack.len()) {
+        return Vec::new();
+    }
     past(names(false))
 }
 

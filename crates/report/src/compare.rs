@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use fraglab_probe::fallback::Outcome;
 use fraglab_probe::snapshot::Snapshot;
 use fraglab_results::load::Run;
 use fraglab_results::point::Point;
@@ -449,7 +450,8 @@ pub struct Comparison {
     /// Failed allocations caught in the kernel, by order; one count per run.
     pub failures_by_order: Vec<CountRow>,
     /// The same by order and call site (`8 pipe_resize_ring ← pipe_set_size`; `8 (no stack)` when
-    /// the catcher recorded none); one count per run.
+    /// the catcher recorded none), each with its outcome, those that surfaced first; one count per
+    /// run.
     pub failures_by_site: Vec<CountRow>,
     /// Workload failures by errno over all points and iterations; one count per run.
     pub errors_by_errno: Vec<CountRow>,
@@ -556,6 +558,10 @@ pub struct FragmentSide {
 pub struct CountRow {
     pub key: String,
     pub counts: Vec<u64>,
+    /// For a call site's row: whether its failures surfaced or fell back
+    /// (`fraglab_probe::fallback`); the rows that surfaced come first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -826,14 +832,15 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
     }
 
     let mut orders: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-    let mut sites: BTreeMap<(u32, String), Vec<u64>> = BTreeMap::new();
+    let mut sites: BTreeMap<(Outcome, u32, String), Vec<u64>> = BTreeMap::new();
     let mut by_errno: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for (i, r) in runs.iter().enumerate() {
         for f in r.run.failed() {
             orders.entry(u64::from(f.order)).or_insert_with(|| vec![0; runs.len()])[i] += 1;
             let site = fraglab_probe::stack::call_site(&f.stack)
                 .map_or_else(|| "(no stack)".to_string(), |s| s.to_string());
-            sites.entry((f.order, site)).or_insert_with(|| vec![0; runs.len()])[i] += 1;
+            let outcome = fraglab_probe::fallback::classify(f.order, &f.gfp_flags, &f.stack).outcome;
+            sites.entry((outcome, f.order, site)).or_insert_with(|| vec![0; runs.len()])[i] += 1;
         }
         for w in &r.run.workloads {
             for (e, n) in errno_counts(&w.result) {
@@ -861,13 +868,20 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
         fragment: runs.iter().map(fragment_side).collect(),
         failures_by_order: orders
             .into_iter()
-            .map(|(o, counts)| CountRow { key: o.to_string(), counts })
+            .map(|(o, counts)| CountRow { key: o.to_string(), counts, outcome: None })
             .collect(),
         failures_by_site: sites
             .into_iter()
-            .map(|((o, site), counts)| CountRow { key: format!("{o} {site}"), counts })
+            .map(|((outcome, o, site), counts)| CountRow {
+                key: format!("{o} {site}"),
+                counts,
+                outcome: Some(outcome),
+            })
             .collect(),
-        errors_by_errno: by_errno.into_iter().map(|(e, counts)| CountRow { key: e, counts }).collect(),
+        errors_by_errno: by_errno
+            .into_iter()
+            .map(|(e, counts)| CountRow { key: e, counts, outcome: None })
+            .collect(),
         compaction,
     })
 }

@@ -13,6 +13,7 @@ pub mod compare;
 pub mod data;
 pub mod heatmap;
 pub mod leak;
+pub mod mattered;
 pub mod summary;
 pub mod svg;
 pub mod sweep;
@@ -24,6 +25,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use data::RunData;
+use fraglab_probe::fallback::Outcome;
 use svg::{colour, dash, esc, fmt_num, Band, Chart, LogColour, Scale, Shape};
 
 /// The rendered report and a few lines for the terminal.
@@ -640,6 +642,39 @@ struct Bucket {
 /// A line's points: (x, y, hover text).
 type Points = Vec<(f64, f64, String)>;
 
+/// What surfaced, first: the workloads' errors with the surfaced failures caught in the same
+/// window, and how many caught failures surfaced and how many fell back.
+fn surfaced_lead(r: &RunData) -> String {
+    let failed: Vec<&fraglab_probe::tracefs::AllocFailure> = r.failures.iter().filter(|f| f.failed).collect();
+    if failed.is_empty() {
+        return String::new();
+    }
+    let t0 = r.t0_ns as f64 / 1e9;
+    let spans: Vec<mattered::Span> = r
+        .phases
+        .iter()
+        .filter_map(|p| {
+            Some(mattered::Span { window: p.workload.as_ref()?, start_s: t0 + p.start, end_s: t0 + p.end })
+        })
+        .collect();
+    let ties = mattered::ties(&spans, &r.workloads, &failed);
+    let groups = mattered::groups(failed.iter().copied());
+    let count = |o: Outcome| groups.iter().filter(|g| g.outcome == o).map(|g| g.group.count).sum::<usize>();
+    let mut o = format!(
+        r#"<p class="lead"><strong>{} caught failed allocation(s) surfaced</strong> (no known fallback: the caller got the failure); {} fell back (the kernel had a way around it).</p>"#,
+        count(Outcome::Surfaced),
+        count(Outcome::FellBack)
+    );
+    if !ties.is_empty() {
+        o += "<ul class=\"ties\">";
+        for t in &ties {
+            let _ = write!(o, "<li><code>{}</code></li>", esc(&t.describe()));
+        }
+        o += "</ul>";
+    }
+    o
+}
+
 fn failures(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String {
     let mut o = String::new();
     // Workload errnos.
@@ -701,6 +736,7 @@ fn failures(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String {
         by_errno.len(),
         r.failures.len()
     ));
+    o += &surfaced_lead(r);
     if by_errno.is_empty() && by_order.is_empty() && unplaced == 0 {
         o += r#"<p class="none">No failures: no workload saw an errno and the catcher caught no failed allocation.</p>"#;
     } else {
@@ -779,10 +815,14 @@ fn failures(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String {
             );
         }
         o += "</table>";
-        let groups =
-            fraglab_probe::stack::group_by_caller(r.failures.iter().map(|f| (f.order, &f.stack[..])));
-        o += r#"<h3>Failed allocations by caller</h3><p class="help">The first function in each stack that is not the allocator itself (page allocator, slab, kmalloc, vmalloc) and the function that called it; then, for the first failure of the group, the path on towards the system call.</p><table><tr><th>order</th><th class="num">failures</th><th>function ← caller</th><th>then</th></tr>"#;
-        for g in &groups {
+        let groups = mattered::groups(r.failures.iter().filter(|f| f.failed));
+        o += r#"<h3>Failed allocations by caller</h3><p class="help">The first function in each stack that is not the allocator itself (page allocator, slab, kmalloc, vmalloc, the DMA API) and the function that called it; then, for the first failure of the group, the path on towards the system call. <em>Surfaced</em>: no fallback is known for the call site and flags, the caller got the failure; <em>fell back</em>: the kernel had a way around it (a huge page, kvmalloc's first try, SLUB's preferred slab order, a page-fragment refill). Surfaced first.</p><table><tr><th>outcome</th><th>order</th><th class="num">failures</th><th>function ← caller</th><th>then</th></tr>"#;
+        for m in &groups {
+            let g = &m.group;
+            let outcome = match m.fallback {
+                Some(instead) => format!(r#"<span title="{}">fell back</span>"#, esc(instead)),
+                None => "<strong>surfaced</strong>".to_string(),
+            };
             let site = match &g.site {
                 Some(s) => s.to_string(),
                 None if g.no_stack => "(no stack captured)".into(),
@@ -790,7 +830,7 @@ fn failures(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String {
             };
             let _ = write!(
                 o,
-                r#"<tr><td>{}</td><td class="num">{}</td><td><code>{}</code></td><td><code>{}</code></td></tr>"#,
+                r#"<tr><td>{outcome}</td><td>{}</td><td class="num">{}</td><td><code>{}</code></td><td><code>{}</code></td></tr>"#,
                 g.order,
                 g.count,
                 esc(&site),

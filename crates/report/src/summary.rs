@@ -6,11 +6,13 @@ use std::path::Path;
 
 use anyhow::Result;
 use fraglab_fragmenter::describe;
-use fraglab_probe::stack::group_by_caller;
+use fraglab_probe::fallback::Outcome;
 use fraglab_results::load::{Run, Samples};
 use fraglab_results::point::Point;
 use fraglab_results::record::RunRecord;
 use fraglab_results::workload::WorkloadResult;
+
+use crate::mattered;
 
 /// The main number of a workload result and its unit: throughput, else rate, else successes.
 pub fn metric(result: &WorkloadResult) -> (f64, &'static str) {
@@ -137,8 +139,37 @@ pub fn render_run(run: &Run) -> String {
             o += &format!("  order {order}: {n} ({c})\n");
         }
         o += "kernel: failed allocations by caller (first function outside the allocator ← its caller)\n";
-        for g in group_by_caller(failures.iter().map(|f| (f.order, &f.stack[..]))) {
-            o += &format!("  {}\n", g.describe());
+        let groups = mattered::groups(failures.iter().copied());
+        for (outcome, heading) in [
+            (Outcome::Surfaced, "surfaced (no known fallback: the caller got the failure)"),
+            (Outcome::FellBack, "fell back (the kernel had a way around it)"),
+        ] {
+            let mut of = groups.iter().filter(|g| g.outcome == outcome).peekable();
+            if of.peek().is_some() {
+                o += &format!("  {heading}\n");
+            }
+            for g in of {
+                o += &format!("    {}\n", g.describe());
+            }
+        }
+        let spans: Vec<mattered::Span> = r
+            .phases
+            .iter()
+            .filter_map(|p| {
+                let window = p.workload.as_ref()?;
+                Some(mattered::Span {
+                    window,
+                    start_s: p.start_ns as f64 / 1e9,
+                    end_s: p.end_ns as f64 / 1e9,
+                })
+            })
+            .collect();
+        let ties = mattered::ties(&spans, &run.workloads, &failures);
+        if !ties.is_empty() {
+            o += "kernel: the workloads' errors and the surfaced failures caught in the same window\n";
+            for t in ties {
+                o += &format!("  {}\n", t.describe());
+            }
         }
     }
     for e in &r.errors {
@@ -194,20 +225,29 @@ mod tests {
         // and 36 have no name anywhere, so they stay `<...>`.
         assert!(out.contains("  order 4: 2 (fraglab×2)\n"), "{out}");
         assert!(out.contains("  order 9: 2 (<...>×2)\n"), "{out}");
+        // The SCTP data chunk's skb surfaced (sendmsg's ENOMEM); both huge pages fell back.
         assert!(
             out.contains(
-                "  order 4 ×2 from __alloc_skb ← _sctp_make_chunk, then sctp_make_datafrag_empty ← \
-                 sctp_datamsg_from_user ← sctp_sendmsg_to_asoc ← sctp_sendmsg\n"
+                "  surfaced (no known fallback: the caller got the failure)\n    order 4 ×2 from __alloc_skb ← \
+                 _sctp_make_chunk, then sctp_make_datafrag_empty ← sctp_datamsg_from_user ← \
+                 sctp_sendmsg_to_asoc ← sctp_sendmsg\n  fell back (the kernel had a way around it)\n"
+            ),
+            "{out}"
+        );
+        let thp = "(THP: the fault maps base pages, khugepaged tries again later)";
+        assert!(
+            out.contains(
+                "    order 9 ×1 from do_huge_pmd_anonymous_page ← __handle_mm_fault, then handle_mm_fault"
             ),
             "{out}"
         );
         assert!(
-            out.contains(
-                "  order 9 ×1 from do_huge_pmd_anonymous_page ← __handle_mm_fault, then handle_mm_fault"
-            ),
+            out.contains(&format!(
+                "    order 9 ×1 from alloc_charge_hpage ← collapse_huge_page, then hpage_collapse_scan_pmd ← \
+                 khugepaged {thp}\n"
+            )),
             "{out}"
         );
-        assert!(out.contains("  order 9 ×1 from alloc_charge_hpage ← collapse_huge_page, then hpage_collapse_scan_pmd ← khugepaged\n"), "{out}");
     }
 
     #[test]

@@ -58,8 +58,8 @@ fn failure_report_with_mem_info() {
     assert!(out.contains("×1    Xorg"), "{out}");
     assert!(
         out.contains(
-            "  by caller (first function outside the allocator ← its caller):\n    order 4 ×1 from \
-             dc_create_state ← amdgpu_dm_atomic_commit_tail, then commit_tail ← drm_atomic_helper_commit \
+            "  by caller (first function outside the allocator ← its caller):\n    surfaced (no known \
+             fallback: the caller got the failure)\n      order 4 ×1 from dc_create_state ← amdgpu_dm_atomic_commit_tail, then commit_tail ← drm_atomic_helper_commit \
              ← drm_atomic_helper_disable_plane ← drm_mode_cursor_universal\n"
         ),
         "{out}"

@@ -121,7 +121,7 @@ fn pipe_highorder_and_sctp_lo_mtu64k_reproduce_three_runs_in_a_row() {
     for c in configs {
         files.push(format!("{}:configs/{c}.toml", checkout.join(format!("configs/{c}.toml")).display()));
         script += &format!(
-            "for i in 1 2 3; do fraglab run configs/{c}.toml > /dev/null; echo \"{c} $i $?\" >> exits.txt; done\n"
+            "for i in 1 2 3; do fraglab run configs/{c}.toml > {c}-$i.txt; echo \"{c} $i $?\" >> exits.txt; done\n"
         );
     }
     std::fs::write(dir.join("three.sh"), script).unwrap();
@@ -198,6 +198,37 @@ fn pipe_highorder_and_sctp_lo_mtu64k_reproduce_three_runs_in_a_row() {
                     .sum();
                 assert!(served_4k > 0, "4 KiB messages were sent: {workloads}");
                 assert!(caught_in(4, "sctp_datamsg_from_user") > 0, "the order-4 skb failure in SCTP");
+            }
+        }
+        // Issue 17: which failures mattered. The order-4 skb failures surfaced and are tied to the
+        // ENOMEM sendmsg returned in the 32 KiB window; a huge page that failed (khugepaged, or a
+        // fault) fell back.
+        for i in 1..=3 {
+            let summary = std::fs::read_to_string(dir.join(format!("{c}-{i}.txt"))).unwrap();
+            let surfaced = summary.find("  surfaced (no known fallback: the caller got the failure)\n");
+            assert!(surfaced.is_some(), "{summary}");
+            if let Some(fell_back) = summary.find("  fell back (the kernel had a way around it)\n") {
+                assert!(surfaced < Some(fell_back), "surfaced first: {summary}");
+            }
+            // A call-site line (`order 9 ×1 from alloc_charge_hpage ← …`), not the by-order count.
+            for line in summary
+                .lines()
+                .filter(|l| l.contains(" from "))
+                .filter(|l| l.contains("khugepaged") || l.contains("do_huge_pmd_anonymous_page"))
+            {
+                assert!(line.contains("(THP: the fault maps base pages"), "a huge page falls back: {line}");
+            }
+            if c == "sctp-lo-mtu64k" {
+                let tie = summary
+                    .lines()
+                    .find(|l| l.contains(" in sctp-stream msg=32KiB #1 ← "))
+                    .unwrap_or_else(|| panic!("no tie for the 32 KiB window: {summary}"));
+                assert!(tie.contains("ENOMEM×"), "{tie}");
+                assert!(
+                    tie.contains("order 4 ×") && tie.contains("from __alloc_skb ← _sctp_make_chunk"),
+                    "{tie}"
+                );
+                eprintln!("--- {c}-{i} summary:\n{summary}");
             }
         }
     }

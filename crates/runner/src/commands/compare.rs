@@ -243,7 +243,14 @@ fn compaction_sources(c: &Comparison) -> String {
 /// One row per key: the key, then each run's count.
 fn count_rows(rows: &[fraglab_report::compare::CountRow]) -> Vec<Vec<String>> {
     rows.iter()
-        .map(|r| std::iter::once(r.key.clone()).chain(r.counts.iter().map(|n| n.to_string())).collect())
+        .map(|r| {
+            // A call site's row leads with what it meant: `surfaced   8 pipe_resize_ring ← …`.
+            let key = match r.outcome {
+                Some(o) => format!("{:<9}  {}", o.name(), r.key),
+                None => r.key.clone(),
+            };
+            std::iter::once(key).chain(r.counts.iter().map(|n| n.to_string())).collect()
+        })
         .collect()
 }
 
@@ -348,8 +355,10 @@ pub fn text(c: &Comparison) -> String {
     } else {
         let head = |first: &str| std::iter::once(first.to_string()).chain(labels.iter().cloned()).collect();
         o += &columns(&[vec![head("order")], count_rows(&c.failures_by_order)].concat(), true);
-        o += "  by order and call site (the first function outside the allocator ← its caller)\n";
-        o += &columns(&[vec![head("order site")], count_rows(&c.failures_by_site)].concat(), true);
+        o +=
+            "  by order and call site (the first function outside the allocator ← its caller); surfaced:\n  \
+              no known fallback, the caller got the failure; fell back: the kernel had a way around it\n";
+        o += &columns(&[vec![head("outcome    order site")], count_rows(&c.failures_by_site)].concat(), true);
     }
 
     o += "\nWorkload failures by errno (workloads.json, all points and iterations)\n";
@@ -496,7 +505,7 @@ pub fn markdown(c: &Comparison) -> String {
     } else {
         o += &md_table(&header("order"), &count_rows(&c.failures_by_order));
         o += "\n";
-        o += &md_table(&header("order and call site"), &count_rows(&c.failures_by_site));
+        o += &md_table(&header("outcome, order and call site"), &count_rows(&c.failures_by_site));
         o += "\n";
     }
     o += "## Workload failures by errno\n\n";

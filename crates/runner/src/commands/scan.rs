@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 use std::io::Read;
 
 use anyhow::{Context, Result};
-use fraglab_probe::kmsg::{scan_log, Found, FreeArea, KmsgEvent};
+use fraglab_probe::fallback::Outcome;
+use fraglab_probe::kmsg::{scan_log, AllocFailureReport, Found, FreeArea, KmsgEvent};
 use fraglab_probe::stack::{group_by_caller, CallerGroup};
+use fraglab_report::mattered::{grouped, Group};
 use serde::Serialize;
 
 use fraglab_units::order_size;
@@ -29,6 +31,9 @@ pub struct ScanReport {
     /// By order and call site (the first function outside the allocator and its caller), from
     /// each report's `Call Trace:`; most frequent first.
     pub by_caller: Vec<CallerGroup>,
+    /// The same split by what each failure meant: `surfaced` (the caller got it) first, then
+    /// `fell_back` with the path the kernel takes instead (`fraglab_probe::fallback`).
+    pub by_outcome: Vec<Group>,
     pub oom_invoked: Vec<Found>,
     pub oom_killed: Vec<Found>,
     pub oom_no_victim: usize,
@@ -118,6 +123,7 @@ pub fn scan(text: &str, name: &str) -> ScanReport {
         by_mode: BTreeMap::new(),
         by_command: BTreeMap::new(),
         by_caller: Vec::new(),
+        by_outcome: Vec::new(),
         oom_invoked: Vec::new(),
         oom_killed: Vec::new(),
         oom_no_victim: 0,
@@ -173,10 +179,19 @@ pub fn scan(text: &str, name: &str) -> ScanReport {
             }
         }
     }
-    r.by_caller = group_by_caller(r.failures.iter().filter_map(|f| match &f.event {
-        KmsgEvent::AllocFailure(a) => Some((a.order, &a.stack[..])),
-        _ => None,
-    }));
+    let reports: Vec<&AllocFailureReport> = r
+        .failures
+        .iter()
+        .filter_map(|f| match &f.event {
+            KmsgEvent::AllocFailure(a) => Some(a),
+            _ => None,
+        })
+        .collect();
+    r.by_caller = group_by_caller(reports.iter().map(|a| (a.order, &a.stack[..])));
+    const NO_FLAGS: &[String] = &[];
+    r.by_outcome = grouped(
+        reports.iter().map(|a| (a.order, a.gfp.as_ref().map_or(NO_FLAGS, |g| &g.flags[..]), &a.stack[..])),
+    );
     r
 }
 
@@ -201,13 +216,22 @@ fn human(r: &ScanReport) -> String {
         // Function ← caller: the first frame outside the allocator (page allocator, slab, kmalloc,
         // vmalloc, warn_alloc) in the report's Call Trace.
         let _ = writeln!(o, "  by caller (first function outside the allocator ← its caller):");
-        for g in &r.by_caller {
-            let what = match &g.site {
-                Some(_) => g.describe(),
-                None if g.no_stack => format!("order {} ×{}, no Call Trace in the log", g.order, g.count),
-                None => g.describe(),
-            };
-            let _ = writeln!(o, "    {what}");
+        for (outcome, heading) in [
+            (Outcome::Surfaced, "surfaced (no known fallback: the caller got the failure)"),
+            (Outcome::FellBack, "fell back (the kernel had a way around it)"),
+        ] {
+            let mut of = r.by_outcome.iter().filter(|g| g.outcome == outcome).peekable();
+            if of.peek().is_some() {
+                let _ = writeln!(o, "    {heading}");
+            }
+            for m in of {
+                let g = &m.group;
+                let what = match &g.site {
+                    None if g.no_stack => format!("order {} ×{}, no Call Trace in the log", g.order, g.count),
+                    _ => m.describe(),
+                };
+                let _ = writeln!(o, "      {what}");
+            }
         }
         // What a mangled log left unread or let be recovered only from elsewhere, report by report.
         let noted: Vec<(usize, &Vec<String>)> = r

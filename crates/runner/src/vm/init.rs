@@ -267,30 +267,12 @@ fn run_job(ch: &mut Channel, job: &Job) -> Result<Verdict> {
     let mut linger_until = None;
     let mut timed_out = false;
     let mut killed_at: Option<Instant> = None;
+    // Once every process has ended: how long what they wrote last may take to read.
+    let mut drain_until: Option<Instant> = None;
     let mut buf = vec![0u8; channel::MAX_FRAME];
     loop {
-        let now = uptime();
-        // A `fraglab run` stops at SIGTERM, releases what it holds and writes run.json; whatever
-        // ignores it is killed once the grace is over.
-        if !timed_out && status.is_none() && job.deadline_secs.is_some_and(|d| now >= d as f64) {
-            ch.warn(&format!(
-                "the command is still running at {} s of guest uptime, near the --timeout; stopping every process (SIGTERM{})",
-                job.deadline_secs.unwrap_or_default(),
-                job.kill_secs.map_or(String::new(), |k| format!(", SIGKILL at {k} s"))
-            ));
-            // SAFETY: kill(-1) signals every process but PID 1 (us).
-            unsafe { libc::kill(-1, libc::SIGTERM) };
-            timed_out = true;
-        }
-        if timed_out && killed_at.is_none() && job.kill_secs.is_none_or(|k| now >= k as f64) {
-            ch.warn(&format!(
-                "processes still running at {now:.0} s of guest uptime; killing every process (SIGKILL)"
-            ));
-            // SAFETY: as above.
-            unsafe { libc::kill(-1, libc::SIGKILL) };
-            killed_at = Some(Instant::now());
-        }
-        // Reap: the job, and orphans re-parented to us (daemons' parents, a script's children).
+        // Reap first: the job, and orphans re-parented to us (daemons' parents, a script's
+        // children). A job that ended just before the deadline is then not taken for one running.
         let mut none_left = false;
         loop {
             let mut st = 0;
@@ -308,12 +290,37 @@ fn run_job(ch: &mut Channel, job: &Job) -> Result<Verdict> {
                 linger_until = Some(Instant::now() + Duration::from_secs(1));
             }
         }
+        let now = uptime();
+        // A `fraglab run` stops at SIGTERM, releases what it holds and writes run.json; whatever
+        // ignores it is killed once the grace is over.
+        if !timed_out && status.is_none() && job.deadline_secs.is_some_and(|d| now >= d as f64) {
+            ch.warn(&format!(
+                "the command is still running at {} s of guest uptime, near the --timeout; stopping every process (SIGTERM{})",
+                job.deadline_secs.unwrap_or_default(),
+                job.kill_secs.map_or(String::new(), |k| format!(", SIGKILL at {k} s"))
+            ));
+            // SAFETY: kill(-1) signals every process but PID 1 (us).
+            unsafe { libc::kill(-1, libc::SIGTERM) };
+            timed_out = true;
+        }
+        if timed_out && !none_left && killed_at.is_none() && job.kill_secs.is_none_or(|k| now >= k as f64) {
+            ch.warn(&format!(
+                "processes still running at {now:.0} s of guest uptime; killing every process (SIGKILL)"
+            ));
+            // SAFETY: as above.
+            unsafe { libc::kill(-1, libc::SIGKILL) };
+            killed_at = Some(Instant::now());
+        }
         if timed_out {
             // Past the deadline the job's own exit is not the end: a `fraglab run` a script started
             // is still releasing and writing run.json when the shell has died of the SIGTERM. Wait
-            // for every process, and after SIGKILL for at most 2 s (one stuck in the kernel stays).
+            // for every process, then for what they wrote last (with none left, nothing holds the
+            // pipes: EOF is immediate); after SIGKILL for at most 2 s (one stuck in the kernel stays).
             if none_left {
-                break;
+                let until = *drain_until.get_or_insert_with(|| Instant::now() + Duration::from_secs(1));
+                if (out.is_none() && err.is_none()) || Instant::now() > until {
+                    break;
+                }
             }
             if killed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(2)) {
                 ch.warn("processes still alive 2 s after SIGKILL (stuck in the kernel?); sending what was written");
