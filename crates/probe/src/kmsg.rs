@@ -1091,7 +1091,9 @@ fn trace_line(message: &str, inside: bool) -> TraceLine {
     if inside && m.starts_with('<') && m.ends_with('>') && !m.contains(' ') {
         return TraceLine::Marker;
     }
-    if inside && ((m.len() >= 8 && m.bytes().all(|b| b == b'=')) || is_arm_registers(m)) {
+    if inside
+        && ((m.len() >= 8 && m.bytes().all(|b| b == b'=')) || is_arm_registers(m) || is_bare_addresses(m))
+    {
         return TraceLine::Marker;
     }
     // Every printed frame carries `+0xOFF/0xSIZE`; a register dump or `Code:` line has none.
@@ -1102,6 +1104,18 @@ fn trace_line(message: &str, inside: bool) -> TraceLine {
         return TraceLine::BareFrame;
     }
     TraceLine::Other
+}
+
+/// `[c00000000108fd40] [c000000000aecfb0]`: a powerpc frame's addresses, its function wrapped onto
+/// the next line by a mail client; the trace goes on.
+fn is_bare_addresses(m: &str) -> bool {
+    let words: Vec<&str> = m.split_whitespace().collect();
+    !words.is_empty()
+        && words.iter().all(|w| {
+            w.strip_prefix('[')
+                .and_then(|w| w.strip_suffix(']'))
+                .is_some_and(|h| h.len() >= 8 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        })
 }
 
 /// ` r6:600f0093 r5:8141bd5c r4:00000000 r3:3abdc664`: what ARM's `Backtrace:` prints between frames.

@@ -33,6 +33,13 @@ pub fn function_name(frame: &str) -> Option<&str> {
         let close = rest.find(">]")?;
         f = rest[close + 2..].trim_start();
     }
+    // powerpc: `[c00000000108fb10] [c0000000007fac88] dump_stack+0xb0/0xf0`, stack pointer then pc.
+    while let Some((inside, rest)) = f.strip_prefix('[').and_then(|r| r.split_once(']')) {
+        if inside.is_empty() || !inside.bytes().all(|b| b.is_ascii_hexdigit()) {
+            break;
+        }
+        f = rest.trim_start();
+    }
     f = f.strip_prefix("? ").unwrap_or(f).trim_start();
     // 32-bit ARM: `(show_stack+0x10/0x14) from [<c0011a5c>] (dump_stack+…)`, or `(show_stack) from …`
     // since v4.x: the frame's own function is the first one in parentheses.
@@ -355,6 +362,11 @@ mod tests {
             Some("unwind_backtrace")
         );
         assert_eq!(function_name("dump_backtrace.cfi_jt+0x0/0x4"), Some("dump_backtrace"));
+        assert_eq!(
+            function_name("[c00000000108fb10] [c0000000007fac88] dump_stack+0xb0/0xf0 (unreliable)"),
+            Some("dump_stack")
+        );
+        assert_eq!(function_name("[c00000000108fd40] [c000000000aecfb0]"), None);
         assert_eq!(function_name("<IRQ>"), None);
         assert_eq!(function_name(""), None);
         assert!(is_unreliable("[<ffffffffab4c7f02>] ? __netif_receive_skb_core+0x222/0xad0"));

@@ -744,3 +744,35 @@ fn free_area_lines_behind_any_prefix() {
         assert_eq!((a.1.zone.as_deref(), a.1.free[0]), (Some(zone), first), "{name}");
     }
 }
+
+/// warn_alloc's reports that are not page allocation failures (vmalloc errors, 4.x stalls) keep
+/// their CPU line and call trace: no failure is counted and no "trace without its header" warned.
+/// The 4.6 ppc64 one prints a real order-0 failure with its vmalloc line: powerpc's `[sp] [pc]`
+/// frames, one wrapped by the mail client, still give its call site.
+#[test]
+fn warn_alloc_s_other_reports_are_not_failures() {
+    for name in [
+        "linux-kernel-2023-03-31-vmalloc-error.dmesg",
+        "linux-kernel-2023-06-26-vmalloc-error-page-order.dmesg",
+        "linux-kernel-2023-06-26-vmalloc-error-btrfs-kworker.dmesg",
+        "linux-fsdevel-2023-03-02-syzbot-vmalloc-error.dmesg",
+        "stable-2019-09-01-vmalloc-allocation-failure.dmesg",
+        "linux-mm-2017-03-02-vmalloc-allocation-failure.dmesg",
+        "linux-mm-2017-09-11-page-allocation-stalls.dmesg",
+        "linux-mm-2016-12-27-page-allocation-stalls-i386.dmesg",
+        "linux-mm-2019-05-02-page-allocation-stalls-wrapped.dmesg",
+    ] {
+        let (f, warnings) = scan_with_warnings(name);
+        assert!(f.is_empty(), "{name}: {f:#?}");
+        assert!(warnings.is_empty(), "{name}: {warnings:?}");
+    }
+    let (f, warnings) = scan_with_warnings("linux-mm-2016-08-02-vmalloc-with-page-allocation-failure.dmesg");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!((f.len(), f[0].order, f[0].comm.as_deref()), (1, 0, Some("swapper/0")));
+    assert_eq!(
+        fraglab_probe::stack::call_site(&f[0].stack).map(|c| c.to_string()).as_deref(),
+        Some("alloc_large_system_hash ← inode_init"),
+        "{:#?}",
+        f[0].stack
+    );
+}

@@ -144,8 +144,9 @@ fn every_capture_through_stdin() {
     // Xorg, ksoftirqd/0, libxl-save-help, glusterfsd + 4 swapper, swapper (RHEL 2.6.32 order 2),
     // java, swapper/12, dmwb_writeback_, node_exporter; then one from each of the 22 captures of
     // every era and architecture (README, second table) that has its header, two of them the same
-    // interleaved MIPS CPU 3 in two windows.
-    assert_eq!(j["failures"].as_array().unwrap().len(), 35);
+    // interleaved MIPS CPU 3 in two windows; and the ppc64 one printed with a vmalloc line. The
+    // other nine warn_alloc reports (vmalloc errors, stalls) are no failures.
+    assert_eq!(j["failures"].as_array().unwrap().len(), 36);
     assert_eq!(j["by_command"]["swapper"], 7);
     assert_eq!(j["by_command"]["swapper/3"], 2);
     assert_eq!(j["by_order"]["1"], 7);
@@ -160,10 +161,15 @@ fn every_capture_through_stdin() {
         .filter(|g| !g["site"].is_null())
         .map(|g| format!("{} {}", g["order"], g["site"]["function"].as_str().unwrap()))
         .collect();
-    assert_eq!(callers.len(), 22, "{callers:?}");
-    for site in
-        ["0 fdb_create", "4 alloc_empty_pages", "1 sk_alloc", "7 vb2_dc_alloc", "10 atomic_pool_expand"]
-    {
+    assert_eq!(callers.len(), 23, "{callers:?}");
+    for site in [
+        "0 fdb_create",
+        "4 alloc_empty_pages",
+        "1 sk_alloc",
+        "7 vb2_dc_alloc",
+        "10 atomic_pool_expand",
+        "0 alloc_large_system_hash",
+    ] {
         assert!(callers.iter().any(|c| c == site), "{site} in {callers:?}");
     }
     // Three call traces whose headers are not in the log, and the yavta log's free-area line cut
