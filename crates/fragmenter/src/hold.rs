@@ -51,6 +51,12 @@ enum Ask {
 /// allocation can go through reclaim (measured once at 1.2 s in a TCG guest).
 pub const LOOK_BOUND: Duration = Duration::from_secs(10);
 
+/// How long [`Guarded::settle`] must see the target held, look after look, before a window opens.
+pub const SETTLE_QUIET: Duration = Duration::from_millis(100);
+
+/// How long [`Guarded::settle`] waits for that at most.
+pub const SETTLE_BOUND: Duration = Duration::from_secs(2);
+
 /// A fragmenter whose guard runs in the background until [`Guarded::stop`].
 pub struct Guarded {
     /// `None` only once [`Guarded::stop`] has taken it back.
@@ -112,6 +118,42 @@ impl Guarded {
         match answer.recv_timeout(LOOK_BOUND) {
             Ok(looked) => looked.map(|said: Vec<String>| lock(&self.events).extend(said)),
             Err(_) => Err(anyhow!("the keeper did not look within {} s (the bound)", LOOK_BOUND.as_secs())),
+        }
+    }
+
+    /// Before a workload window: while the keeper re-breaks, look until the target has been seen
+    /// held for [`SETTLE_QUIET`] in a row, so a window opens neither on a block the last window's
+    /// memory merged into nor on one a freeing that was still under way is about to make (measured
+    /// in a 1 GiB guest: 2 MiB freed 10 ms after the first window's look, as the monitors had just
+    /// started, and all ten resizes found their order-8 block). Returns `None` once it held, or what
+    /// was still free when [`SETTLE_BOUND`] passed — the window then opens lost and is judged so.
+    pub fn settle(&self) -> Result<Option<String>> {
+        let start = Instant::now();
+        let timeline = self.timeline();
+        let mut held_since: Option<Instant> = None;
+        loop {
+            self.look_now()?;
+            if !self.with(|f| f.rebreaking()) {
+                return Ok(None);
+            }
+            let free: u64 = lock(&timeline).now.iter().filter(|z| z.in_play).map(|z| z.pages).sum();
+            let now = Instant::now();
+            if free > 0 {
+                held_since = None;
+            } else if now - *held_since.get_or_insert(now) >= SETTLE_QUIET {
+                return Ok(None);
+            }
+            if start.elapsed() >= SETTLE_BOUND {
+                let worst = lock(&timeline).losses.last().map(|l| l.why.clone()).unwrap_or_default();
+                return Ok(Some(format!(
+                    "the target was not seen held for {} ms in a row within the {} s bound before the \
+                     window opened ({} free pages at order ≥ the target's at the last look; worst: {worst})",
+                    SETTLE_QUIET.as_millis(),
+                    SETTLE_BOUND.as_secs(),
+                    free
+                )));
+            }
+            std::thread::sleep(crate::keeper::KEEP_EVERY);
         }
     }
 

@@ -319,6 +319,12 @@ impl Keeper {
         self.status.tid
     }
 
+    /// Whether free blocks that form are still taken back (not stopped for pressure, descriptors,
+    /// or an error).
+    pub fn rebreaking(&self) -> bool {
+        self.status.how == Keep::Rebreak
+    }
+
     /// When the target held, for samplers and verdicts on other threads.
     pub fn timeline(&self) -> Arc<Mutex<Timeline>> {
         Arc::clone(&self.timeline)

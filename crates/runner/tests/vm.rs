@@ -100,6 +100,43 @@ fn results_dir(dir: &Path, name: &str) -> PathBuf {
     found.into_iter().next().unwrap()
 }
 
+/// Every run under `<dir>/results`: its verdict, its reason and the failures it caught (order,
+/// task, flags, the top of the stack) — what a CI log must show when a run's exit status is not
+/// the one wanted, since the guest's results go with the scratch directory.
+fn verdicts(dir: &Path) -> String {
+    let Ok(entries) = std::fs::read_dir(dir.join("results")) else {
+        return format!("no {}/results", dir.display());
+    };
+    let mut runs: Vec<PathBuf> = entries.map(|e| e.unwrap().path()).collect();
+    runs.sort();
+    let mut out = String::new();
+    for run in runs {
+        let record = std::fs::read(run.join("run.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let record: serde_json::Value = record.unwrap_or_default();
+        out += &format!(
+            "{}: {} — {}
+",
+            run.file_name().unwrap().to_string_lossy(),
+            record["verdict"],
+            record["reason"]
+        );
+        for line in std::fs::read_to_string(run.join("alloc_failures.jsonl")).unwrap_or_default().lines() {
+            let f: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+            let top: Vec<&str> =
+                f["stack"].as_array().into_iter().flatten().take(8).filter_map(|s| s.as_str()).collect();
+            out += &format!(
+                "  order {} {} {} pid {}: {}\n",
+                f["order"],
+                f["comm"],
+                f["gfp_flags"],
+                f["pid"],
+                top.join(" ← ")
+            );
+        }
+    }
+    out
+}
+
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -137,7 +174,7 @@ fn pipe_highorder_and_sctp_lo_mtu64k_reproduce_three_runs_in_a_row() {
     eprintln!("--- fraglab vm: {}\n--- stderr:\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     let exits = std::fs::read_to_string(dir.join("exits.txt")).expect("the script's exit codes came back");
     let want: String = configs.iter().flat_map(|c| (1..=3).map(move |i| format!("{c} {i} 1\n"))).collect();
-    assert_eq!(exits, want, "every run reproduces: exit 1, three times each");
+    assert_eq!(exits, want, "every run reproduces: exit 1, three times each\n{}", verdicts(&dir));
 
     for c in configs {
         let mut runs: Vec<PathBuf> = std::fs::read_dir(dir.join("results"))
@@ -277,7 +314,12 @@ fn a_block_freed_mid_run_is_taken_back_or_the_run_cannot_say_not_reproduced() {
     eprintln!("--- fraglab vm: {}\n--- stderr:\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     let out = dir.join("out");
     let exits = std::fs::read_to_string(out.join("exits.txt")).expect("the script's exit codes came back");
-    assert_eq!(exits, "keep 1\nwatch 125\n", "huge pages reserved, then: reproduced / could not test");
+    assert_eq!(
+        exits,
+        "keep 1\nwatch 125\n",
+        "huge pages reserved, then: reproduced / could not test\n{}",
+        verdicts(&out)
+    );
 
     let keep = results_dir(&out, "keep");
     let run = json(&keep.join("run.json"));
@@ -622,9 +664,19 @@ fn an_exec_workload_inherits_no_fill_pipes_and_the_original_descriptor_limit() {
         .output()
         .expect("run fraglab vm");
     eprintln!("--- {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    assert!(matches!(out.status.code(), Some(0 | 1)), "the run tested: {}", out.status);
     let results = results_dir(&dir, "inherit");
     let run = json(&results.join("run.json"));
+    // The verdict is not what this is about. sh and ls exit inside the window, and the pages they
+    // free can merge into a block for longer than the window's tolerance before the keeper takes it
+    // back (seen under TCG: 30 ms of a 144 ms window): then the run could not test, and says so.
+    let lost = run["reason"].as_str().unwrap().contains("\"not reproduced\" needs the target held");
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)) || (out.status.code() == Some(125) && lost),
+        "the run ran its workload: {} — {}",
+        out.status,
+        run["reason"]
+    );
+    assert_eq!(run["status"], "complete", "{run}");
     let fill = run["fragment"]["fill_bytes"].as_u64().unwrap();
     assert!(fill > 0, "the run filled pipes: {}", run["fragment"]);
     let workloads = json(&results.join("workloads.json"))["workloads"].clone();
