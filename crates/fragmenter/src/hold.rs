@@ -2,6 +2,7 @@
 //! so memory pressure during a ten-minute workload is answered within a fraction of a second and a
 //! free block that forms is taken back within milliseconds, not when the workload ends.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -127,30 +128,44 @@ impl Guarded {
     /// in a 1 GiB guest: 2 MiB freed 10 ms after the first window's look, as the monitors had just
     /// started, and all ten resizes found their order-8 block). Returns `None` once it held, or what
     /// was still free when [`SETTLE_BOUND`] passed — the window then opens lost and is judged so.
-    pub fn settle(&self) -> Result<Option<String>> {
+    pub fn settle(&self, stop: &AtomicBool) -> Result<Option<String>> {
         let start = Instant::now();
         let timeline = self.timeline();
-        let mut held_since: Option<Instant> = None;
+        // A streak: since when every look saw nothing free, and how many losses were on the record
+        // then — the guard thread looks too, and a block it saw and took back between two of these
+        // looks ends the streak as surely as one seen here.
+        let mut streak: Option<(Instant, usize)> = None;
         loop {
             self.look_now()?;
-            if !self.with(|f| f.rebreaking()) {
+            if !self.with(|f| f.rebreaking()) || stop.load(Ordering::Relaxed) {
                 return Ok(None);
             }
-            let free: u64 = lock(&timeline).now.iter().filter(|z| z.in_play).map(|z| z.pages).sum();
+            let (free, losses, worst) = {
+                let t = lock(&timeline);
+                let free: u64 = t.now.iter().filter(|z| z.in_play).map(|z| z.pages).sum();
+                (free, t.losses.len(), t.losses.last().map(|l| l.why.clone()))
+            };
             let now = Instant::now();
-            if free > 0 {
-                held_since = None;
-            } else if now - *held_since.get_or_insert(now) >= SETTLE_QUIET {
+            streak = match streak {
+                _ if free > 0 => None,
+                Some((since, n)) if n == losses => Some((since, n)),
+                _ => Some((now, losses)),
+            };
+            if streak.is_some_and(|(since, _)| now - since >= SETTLE_QUIET) {
                 return Ok(None);
             }
             if start.elapsed() >= SETTLE_BOUND {
-                let worst = lock(&timeline).losses.last().map(|l| l.why.clone()).unwrap_or_default();
+                // Held at the last look, only not for long enough: the window opens held.
+                if free == 0 {
+                    return Ok(None);
+                }
                 return Ok(Some(format!(
                     "the target was not seen held for {} ms in a row within the {} s bound before the \
-                     window opened ({} free pages at order ≥ the target's at the last look; worst: {worst})",
+                     window opened: {free} pages free at order ≥ the target's at the last look (last \
+                     loss: {})",
                     SETTLE_QUIET.as_millis(),
                     SETTLE_BOUND.as_secs(),
-                    free
+                    worst.unwrap_or_default()
                 )));
             }
             std::thread::sleep(crate::keeper::KEEP_EVERY);

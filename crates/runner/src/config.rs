@@ -103,7 +103,8 @@ pub struct ExpectSection {
     /// An errno any workload saw, by name (`ENOMEM`, `ENOBUFS`).
     #[serde(default)]
     pub errno: Vec<String>,
-    /// A failed allocation of this order or above caught in the kernel (tracefs or kmsg).
+    /// A failed allocation of this order or above caught in the kernel (tracefs or kmsg) that
+    /// surfaced: one the kernel falls back from counts only when `failed_in` names its call site.
     #[serde(default)]
     pub failed_order: Option<u32>,
     /// Kernel functions: a caught failure counts only when its stack names one of them

@@ -183,7 +183,7 @@ fn pipeline(
                     // Open the window on a target seen held, from a fresh look, so a loss found
                     // after it is not charged from a look before it began. A failed look here shows
                     // in the one after; a target that did not settle shows as the window's loss.
-                    match g.settle() {
+                    match g.settle(&stop) {
                         Ok(None) | Err(_) => {}
                         Ok(Some(why)) => record.errors.push(format!("{}: {why}", w.kind_name)),
                     }

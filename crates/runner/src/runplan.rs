@@ -470,7 +470,9 @@ pub fn expect_rules(plan: &RunPlan) -> String {
     let order = e.failed_order.unwrap_or(plan.catch_min_order);
     let failure = if e.failed_in.is_empty() {
         format!(
-            "a failed allocation of order ≥ {order} is caught in the kernel{}",
+            "a failed allocation of order ≥ {order} that surfaced is caught in the kernel{} (one the kernel \
+             falls back from, a THP fault or kvmalloc's first try, counts only when failed_in names its \
+             call site)",
             if plan.kmsg { " (tracepoint or kernel log)" } else { "" }
         )
     } else {

@@ -114,8 +114,7 @@ fn verdicts(dir: &Path) -> String {
         let record = std::fs::read(run.join("run.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
         let record: serde_json::Value = record.unwrap_or_default();
         out += &format!(
-            "{}: {} — {}
-",
+            "{}: {} — {}\n",
             run.file_name().unwrap().to_string_lossy(),
             record["verdict"],
             record["reason"]
@@ -224,6 +223,7 @@ fn pipe_highorder_and_sctp_lo_mtu64k_reproduce_three_runs_in_a_row() {
                 // success that served every resize), and the threshold is put back.
                 let stalls =
                     |doc: &str| json(&results.join(doc))["vmstat"]["values"]["compact_stall"].clone();
+                assert!(stalls("baseline.json").is_u64(), "vmstat has compact_stall");
                 assert_eq!(stalls("baseline.json"), stalls("final.json"), "no direct compaction");
                 let restored = run["sysctls_restored"].to_string();
                 assert!(restored.contains("vm.extfrag_threshold = 500"), "{restored}");
@@ -419,8 +419,20 @@ fn sctp_65535_streams_native_and_the_seeds_sctp_test() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let bins = ["sctp_test", "ip", "cat", "sleep"].map(|b| ["--extra-bin", b]).concat();
     let (out, dir) = vm_run("sctp64k-seed", &bins, &[]);
-    assert_eq!(out.status.code(), Some(0), "exit 0: a current kernel no longer fails");
     let results = results_dir(&dir, "sctp64k-seed");
+    // A current kernel no longer fails: no ENOMEM in any window. Exit 0 when the target held in
+    // every window; the first sctp-connect window of a run has been seen to lose it for 2–19 % of
+    // the window (the tolerance is 5 %: order-4/5 blocks, each taken back within a look, more of
+    // them the more associations — 3 runs of 3 in one boot under TCG), and then the honest answer
+    // is 125, which says so.
+    let run = json(&results.join("run.json"));
+    let reason = run["reason"].as_str().unwrap();
+    assert!(reason.starts_with("no ENOMEM in the workloads"), "{reason}");
+    match out.status.code() {
+        Some(0) => assert_eq!(run["verdict"], "not-reproduced"),
+        Some(125) => assert!(reason.contains("\"not reproduced\" needs the target held"), "{reason}"),
+        other => panic!("exit {other:?}: {reason}"),
+    }
     let workloads = json(&results.join("workloads.json"))["workloads"].clone();
     let by_kind = |k: &str| -> Vec<&serde_json::Value> {
         workloads.as_array().unwrap().iter().map(|w| &w["result"]).filter(|r| r["kind"] == k).collect()
@@ -555,7 +567,8 @@ fn whole_machine_max_free_order_4_holds_through_compact_memory() {
 fn whole_machine_in_odd_sized_guests_holds_and_releases() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const SYSCTLS: &str = "/proc/sys/vm/percpu_pagelist_high_fraction /proc/sys/vm/lowmem_reserve_ratio \
-                           /proc/sys/vm/compact_unevictable_allowed /proc/sys/fs/pipe-max-size";
+                           /proc/sys/vm/compact_unevictable_allowed /proc/sys/fs/pipe-max-size \
+                           /proc/sys/vm/extfrag_threshold";
     for (mem, polls, huge) in [("777M", 0, 3), ("1000M", 3, 5), ("1234M", 8, 9)] {
         let dir = scratch(&format!("odd-{mem}"));
         let script = dir.join("odd.sh");
