@@ -135,9 +135,16 @@ impl Guarded {
         // then — the guard thread looks too, and a block it saw and took back between two of these
         // looks ends the streak as surely as one seen here.
         let mut streak: Option<(Instant, usize)> = None;
+        let mut failed = None;
         loop {
-            self.look_now()?;
-            if !self.with(|f| f.rebreaking()) || stop.load(Ordering::Relaxed) {
+            // A failed look (a /proc file unreadable for a moment) is tried again, within the bound.
+            if let Err(e) = self.look_now() {
+                streak = None;
+                failed = Some(format!("{e:#}"));
+            } else if !self.with(|f| f.rebreaking()) {
+                return Ok(None);
+            }
+            if stop.load(Ordering::Relaxed) {
                 return Ok(None);
             }
             let (free, losses, worst) = {
@@ -155,6 +162,12 @@ impl Guarded {
                 return Ok(None);
             }
             if start.elapsed() >= SETTLE_BOUND {
+                if let Some(e) = failed {
+                    return Ok(Some(format!(
+                        "the keeper's looks failed before the window opened ({} s bound): {e}",
+                        SETTLE_BOUND.as_secs()
+                    )));
+                }
                 // Held at the last look, only not for long enough: the window opens held.
                 if free == 0 {
                     return Ok(None);

@@ -184,8 +184,11 @@ fn pipeline(
                     // after it is not charged from a look before it began. A failed look here shows
                     // in the one after; a target that did not settle shows as the window's loss.
                     match g.settle(&stop) {
-                        Ok(None) | Err(_) => {}
+                        Ok(None) => {}
                         Ok(Some(why)) => record.errors.push(format!("{}: {why}", w.kind_name)),
+                        Err(e) => {
+                            record.errors.push(format!("{}: settling before the window: {e:#}", w.kind_name))
+                        }
                     }
                 }
                 let start_ns = monotonic_ns();
