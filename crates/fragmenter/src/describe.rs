@@ -163,9 +163,6 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
     if plan.budget.is_none() {
         sysctls.push("vm.lowmem_reserve_ratio (DMA entry = 1)");
     }
-    if crate::fragment::direct_compaction_off(plan) {
-        sysctls.push("vm.extfrag_threshold = 1000 (no direct compaction above order 3)");
-    }
     lines.push(("sysctls", format!("{} (journaled, restored on release)", sysctls.join(", "))));
     lines
 }

@@ -260,19 +260,6 @@ impl Fragmenter {
         if plan.no_proactive_compaction {
             journal.set("vm.compaction_proactiveness", "0")?;
         }
-        if direct_compaction_off(&plan) {
-            // The mlocked hold stands for unmovable pages, which no compaction can move. Memory it
-            // never had (other processes' pages, page cache) is movable, and some sits in aligned
-            // regions with nothing but free pages beside it: a costly allocation in the middle of a
-            // workload compacted such a region and got its block without failing — measured in 1
-            // of 8 pipe-highorder runs in a 1 GiB guest (compact_success 3, every resize succeeded,
-            // the run could only say "could not test"). A threshold of 1000 is above every
-            // fragmentation index, so the kernel does not try direct compaction for orders above
-            // PAGE_ALLOC_COSTLY_ORDER: the answer it would have reached on memory the hold really
-            // stands for. (Compacting first and filling what it freed was tried: it freed 0–7 MiB a
-            // run and direct compaction still succeeded in 3 of 12 runs.)
-            journal.set("vm.extfrag_threshold", "1000")?;
-        }
         if plan.budget.is_none() {
             // Whole-machine mode: the DMA zone's few MiB sit in large free blocks that no one may
             // take (lowmem_reserve keeps it for DMA allocations) but that the kernel's own
@@ -618,12 +605,6 @@ fn settle(stop: &AtomicBool) -> Result<Option<(BuddyInfo, String)>> {
         }
         last = now;
     }
-}
-
-/// Whole machine, held pages mlocked, and a kernel with compaction: `vm.extfrag_threshold = 1000`
-/// while holding (see [`Fragmenter::start`]). With `pin = none` compaction fights back, as asked.
-pub fn direct_compaction_off(plan: &Plan) -> bool {
-    plan.budget.is_none() && plan.pin == Pin::Mlock && crate::sysctl::path("vm.extfrag_threshold").exists()
 }
 
 /// Free pages in blocks of order ≥ `k` in the zones a whole-machine target covers: all but DMA,
