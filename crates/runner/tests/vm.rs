@@ -210,12 +210,7 @@ fn pipe_highorder_and_sctp_lo_mtu64k_reproduce_three_runs_in_a_row() {
     assert!(exits.lines().count() == 6 && excused.len() <= 1, "{exits}\n{}", verdicts(&dir));
 
     for c in configs {
-        let mut runs: Vec<PathBuf> = std::fs::read_dir(dir.join("results"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("{c}-")))
-            .collect();
-        runs.sort();
+        let runs = runs_of(c);
         assert_eq!(runs.len(), 3, "{runs:?}");
         for results in runs.iter().filter(|r| !excused.contains(r)) {
             let run = json(&results.join("run.json"));
