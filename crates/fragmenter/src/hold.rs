@@ -147,7 +147,7 @@ impl Guarded {
             if stop.load(Ordering::Relaxed) {
                 return Ok(None);
             }
-            let (free, losses, worst) = {
+            let (free, losses, last) = {
                 let t = lock(&timeline);
                 let free: u64 = t.now.iter().filter(|z| z.in_play).map(|z| z.pages).sum();
                 (free, t.losses.len(), t.losses.last().map(|l| l.why.clone()))
@@ -178,7 +178,7 @@ impl Guarded {
                      loss: {})",
                     SETTLE_QUIET.as_millis(),
                     SETTLE_BOUND.as_secs(),
-                    worst.unwrap_or_default()
+                    last.unwrap_or_default()
                 )));
             }
             std::thread::sleep(crate::keeper::KEEP_EVERY);

@@ -107,6 +107,11 @@ pub fn classify<S: AsRef<str>>(order: u32, gfp_flags: &[String], stack: &[S]) ->
     Classified { outcome: Outcome::Surfaced, fallback: None }
 }
 
+/// Whether a caught failure surfaced ([`classify`] on its order, flags and stack).
+pub fn surfaced(f: &crate::tracefs::AllocFailure) -> bool {
+    classify(f.order, &f.gfp_flags, &f.stack).outcome == Outcome::Surfaced
+}
+
 fn fell_back(instead: &'static str) -> Classified {
     Classified { outcome: Outcome::FellBack, fallback: Some(instead) }
 }

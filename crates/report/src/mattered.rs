@@ -96,11 +96,8 @@ impl Tie {
 /// the kernel's failures explain. A surfaced failure outside every window with errors (a timer's
 /// retransmission, another task) is in [`groups`] only.
 pub fn ties(spans: &[Span], workloads: &[WorkloadRecord], failures: &[&AllocFailure]) -> Vec<Tie> {
-    let surfaced: Vec<&AllocFailure> = failures
-        .iter()
-        .copied()
-        .filter(|f| classify(f.order, &f.gfp_flags, &f.stack).outcome == Outcome::Surfaced)
-        .collect();
+    let surfaced: Vec<&AllocFailure> =
+        failures.iter().copied().filter(|f| fraglab_probe::fallback::surfaced(f)).collect();
     let mut out = Vec::new();
     for s in spans {
         let Some(w) = workloads.iter().find(|w| w.ran_in(s.window)) else { continue };

@@ -181,8 +181,9 @@ fn pipeline(
                 });
                 if let Held::Fragmented(g) = &kernel {
                     // Open the window on a target seen held, from a fresh look, so a loss found
-                    // after it is not charged from a look before it began. A failed look here shows
-                    // in the one after; a target that did not settle shows as the window's loss.
+                    // after it is not charged from a look before it began. A target that did not
+                    // settle, or looks that kept failing, are named here; the window is judged as
+                    // it is.
                     match g.settle(&stop) {
                         Ok(None) => {}
                         Ok(Some(why)) => record.errors.push(format!("{}: {why}", w.kind_name)),
@@ -609,11 +610,8 @@ fn verdict(
         name(frame).is_some_and(|f| wanted.iter().any(|w| name(w) == Some(f)))
     };
     let of_order: Vec<_> = failures.iter().filter(|f| f.order >= min_order).collect();
-    let surfaced = |f: &&&fraglab_probe::tracefs::AllocFailure| {
-        classify(f.order, &f.gfp_flags, &f.stack).outcome == Outcome::Surfaced
-    };
     let caught = match wanted.is_empty() {
-        true => of_order.iter().filter(surfaced).count(),
+        true => of_order.iter().filter(|f| fraglab_probe::fallback::surfaced(f)).count(),
         false => of_order.iter().filter(|f| f.stack.iter().any(|s| names(s))).count(),
     };
     let in_what = if wanted.is_empty() { String::new() } else { format!(" in {}", wanted.join("/")) };
@@ -661,8 +659,8 @@ fn verdict(
             format!("{logged} page allocation failures of order ≥ {min_order} in the kernel log"),
         );
     }
-    let fell_back = of_order.len();
-    let aside = match fell_back {
+    // Every caught failure of the order fell back, or there would have been a verdict above.
+    let aside = match of_order.len() {
         0 => String::new(),
         n => format!(
             " that surfaced ({n} fell back: counted only when [expect] failed_in names their call site)"
