@@ -30,9 +30,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use fraglab_fragmenter::arena::page_floor;
 use fraglab_fragmenter::arena::{Arena, PAGE_SIZE};
-use fraglab_fragmenter::fragment::{max_freeable, mem_available, Fragmenter, Pin, Plan, Progress};
+use fraglab_fragmenter::fragment::{
+    default_reserve, max_freeable, mem_available, Fragmenter, Pin, Plan, Progress,
+};
 use fraglab_fragmenter::instance::{Instance, RUN_DIR};
+use fraglab_fragmenter::populate::{self, Pool};
 use fraglab_fragmenter::shape;
 use fraglab_fragmenter::sysctl::{self, Journal};
 use fraglab_fragmenter::Target;
@@ -51,8 +55,10 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-const USAGE: &str = "usage: fragment_bench [--sizes 4GiB,8GiB] [--repeat 3] [--order 4] [--keep 4GiB] [--max-take 8GiB] \
-                     [--run-dir /tmp/fraglab-bench] [--variants populate,fraglab,naive] [--no-warmup] [--compact] [--force]";
+const USAGE: &str = "usage: fragment_bench [--sizes 4GiB,8GiB | --sizes whole] [--repeat 3] [--order 4] [--keep 4GiB] \
+                     [--max-take 8GiB] [--run-dir /tmp/fraglab-bench] \
+                     [--variants populate,populate-all,fraglab,naive | populate,populate-all,whole] [--no-warmup] \
+                     [--compact] [--force]";
 
 struct Args {
     sizes: Vec<u64>,
@@ -76,7 +82,9 @@ struct Args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
     Populate,
+    PopulateAll,
     Fraglab,
+    Whole,
     Naive,
 }
 
@@ -84,7 +92,9 @@ impl Variant {
     fn name(self) -> &'static str {
         match self {
             Variant::Populate => "populate only",
+            Variant::PopulateAll => "populate only, every CPU",
             Variant::Fraglab => "fraglab",
+            Variant::Whole => "fraglab, whole machine",
             Variant::Naive => "naive (every other page)",
         }
     }
@@ -141,6 +151,7 @@ fn parse_args() -> Result<Args> {
         }
         let value = it.next().with_context(|| format!("{flag} needs a value\n{USAGE}"))?;
         match flag.as_str() {
+            "--sizes" if value == "whole" => a.sizes.clear(),
             "--sizes" => a.sizes = value.split(',').map(parse_size).collect::<Result<_>>()?,
             "--repeat" => a.repeat = value.parse().context("--repeat")?,
             "--order" => a.order = value.parse().context("--order")?,
@@ -152,17 +163,24 @@ fn parse_args() -> Result<Args> {
                     .split(',')
                     .map(|v| match v {
                         "populate" => Ok(Variant::Populate),
+                        "populate-all" => Ok(Variant::PopulateAll),
                         "fraglab" => Ok(Variant::Fraglab),
+                        "whole" => Ok(Variant::Whole),
                         "naive" => Ok(Variant::Naive),
-                        _ => bail!("--variants: unknown {v:?}; use populate, fraglab, naive"),
+                        _ => bail!(
+                            "--variants: unknown {v:?}; use populate, populate-all, fraglab, whole, naive"
+                        ),
                     })
                     .collect::<Result<_>>()?
             }
             _ => bail!("unknown flag {flag:?}\n{USAGE}"),
         }
     }
-    if a.repeat == 0 || a.sizes.is_empty() || a.sizes.iter().any(|&s| s < (16 << 20) || s > a.max_take) {
+    if a.repeat == 0 || a.sizes.iter().any(|&s| s < (16 << 20) || s > a.max_take) {
         bail!("--repeat must be ≥ 1 and every size within 16MiB ..= --max-take\n{USAGE}");
+    }
+    if a.sizes.is_empty() != a.variants.contains(&Variant::Whole) {
+        bail!("the whole variant takes every free byte above the reserve: give it with --sizes whole, and only then\n{USAGE}");
     }
     Ok(a)
 }
@@ -181,6 +199,9 @@ struct Run {
     cut: Option<Duration>,
     free: Option<Duration>,
     settle: Option<Duration>,
+    /// Whole machine: the pipe fill of the reserve's high-order blocks (inside `settle`'s span,
+    /// which runs to the end).
+    fill: Option<Duration>,
     release: Duration,
     before: Vec<u64>,
     populated: Vec<u64>,
@@ -209,6 +230,7 @@ impl Run {
             cut: None,
             free: None,
             settle: None,
+            fill: None,
             release: Duration::ZERO,
             populated: before.clone(),
             after: before.clone(),
@@ -357,27 +379,71 @@ fn populate_only(size: u64, keep: u64) -> Result<Run> {
     Ok(run)
 }
 
-fn fraglab(size: u64, args: &Args, nr_orders: usize) -> Result<Run> {
+/// Populate only, with fraglab's pool of one worker per CPU (no pagemap read, no lock): the physical
+/// limit of taking the memory with the whole machine.
+fn populate_all(size: u64, keep: u64) -> Result<Run> {
+    let mut run = Run::new(Variant::PopulateAll, size, buddy()?);
+    let t0 = Instant::now();
+    let mut arena = Arena::default();
+    let mut pool = Pool::new(populate::workers(), false, false)?;
+    let mut handed = 0u64;
+    loop {
+        if handed < size && pool.idle() {
+            let step = CHUNK.min((size - handed) as usize);
+            if mem_available()? < keep + step as u64 + pool.in_flight_bytes() {
+                bail!("MemAvailable fell to the --keep line while populating; stopped");
+            }
+            pool.send(step);
+            handed += step as u64;
+            continue;
+        }
+        match pool.recv() {
+            Some(t) => {
+                arena.adopt(t?.map);
+            }
+            None => break,
+        }
+    }
+    drop(pool);
+    run.populate = t0.elapsed();
+    run.total = run.populate;
+    run.taken = arena.bytes();
+    run.populated = buddy()?;
+    run.after = run.populated.clone();
+    run.pcp_populated = pcp_pages()?;
+    run.pcp_after = run.pcp_populated;
+    let t = Instant::now();
+    drop(arena);
+    run.release = t.elapsed();
+    Ok(run)
+}
+
+fn fraglab(size: u64, args: &Args, nr_orders: usize, whole: bool) -> Result<Run> {
     let min_free = sysctl::read("vm.min_free_kbytes")?.parse::<u64>()? * 1024;
     // For order 4: size/16*15, the most a max-free-order cut can free (one page of every 16 kept).
     let free_bytes = max_freeable(size / PAGE_SIZE as u64, args.order) * PAGE_SIZE as u64;
     let plan = Plan {
         target: Target::MaxFreeOrder { order: args.order, free_bytes },
-        budget: Some(size),
+        budget: (!whole).then_some(size),
         pin: Pin::Mlock,
         // Whatever fraglab may take beyond the budget stays within --max-take: the reserve it never
-        // goes below is set so that MemAvailable − reserve is the cap (as of now).
-        reserve: args.keep.max(mem_available()?.saturating_sub(args.max_take.min(4 * size).max(size))),
+        // goes below is set so that MemAvailable − reserve is the cap (as of now). The whole machine
+        // keeps fraglab's default reserve, as `fraglab fragment` without --budget does.
+        reserve: if whole {
+            default_reserve()?
+        } else {
+            args.keep.max(mem_available()?.saturating_sub(args.max_take.min(4 * size).max(size)))
+        },
         floor: 2 * min_free,
         no_proactive_compaction: false,
         nr_orders,
         keep: true,
     };
-    let mut run = Run::new(Variant::Fraglab, size, buddy()?);
+    let mut run = Run::new(if whole { Variant::Whole } else { Variant::Fraglab }, size, buddy()?);
     // fraglab has shrunk the per-CPU lists by the time it has populated; this is the count before.
     run.pcp_populated = pcp_pages()?;
     let journal = Journal::create(&args.run_dir)?;
-    let (mut cutting, mut freeing, mut settling) = (None, None, None);
+    let (mut cutting, mut freeing, mut settling, mut filling) = (None, None, None, None);
     let t0 = Instant::now();
     let f = Fragmenter::start(
         plan,
@@ -386,6 +452,9 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize) -> Result<Run> {
             Progress::Cutting => cutting = Some(Instant::now()),
             Progress::Freeing { .. } => freeing = Some(Instant::now()),
             Progress::Settling => settling = Some(Instant::now()),
+            Progress::Filling { .. } => {
+                filling.get_or_insert_with(Instant::now);
+            }
             _ => {}
         },
         &std::sync::atomic::AtomicBool::new(false),
@@ -401,7 +470,9 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize) -> Result<Run> {
     run.cut = Some(freeing - cutting);
     run.free = Some(settling - freeing);
     run.settle = Some(end - settling);
+    run.fill = filling.map(|t| end - t);
     let s = f.status();
+    eprint!("[{}] ", s.bounds.join("; "));
     run.taken = s.held_bytes + s.freed_bytes + s.surplus_bytes;
     run.surplus = s.surplus_bytes;
     run.freed = s.freed_bytes;
@@ -514,14 +585,14 @@ fn spread(mut v: Vec<Duration>) -> String {
     }
 }
 
-fn report(runs: &[Run], args: &Args, nr_orders: usize) {
+fn report(runs: &[Run], args: &Args, sizes: &[u64], nr_orders: usize) {
     let k = args.order;
     println!("\n### Time to target (seconds: median (min–max) of {} runs)\n", args.repeat);
     println!(
-        "| size | variant | time to target | populate | pagemap + cut | free | settle + check | release |"
+        "| size | variant | time to target | populate | pagemap + cut | free | settle + check | of which fill | release |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    for &size in &args.sizes {
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for &size in sizes {
         for &v in &args.variants {
             let rs: Vec<&Run> = runs.iter().filter(|r| r.size == size && r.variant == v).collect();
             if rs.is_empty() {
@@ -529,7 +600,7 @@ fn report(runs: &[Run], args: &Args, nr_orders: usize) {
             }
             let col = |f: &dyn Fn(&Run) -> Option<Duration>| spread(rs.iter().filter_map(|r| f(r)).collect());
             println!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 gib(size),
                 v.name(),
                 col(&|r| Some(r.total)),
@@ -537,10 +608,12 @@ fn report(runs: &[Run], args: &Args, nr_orders: usize) {
                 col(&|r| r.cut),
                 col(&|r| r.free),
                 col(&|r| r.settle),
+                col(&|r| r.fill),
                 col(&|r| Some(r.release)),
             );
         }
     }
+    ratios_and_fit(runs, args, sizes);
 
     println!("\n### Free-block profile (last run of each)\n");
     println!(
@@ -554,10 +627,10 @@ fn report(runs: &[Run], args: &Args, nr_orders: usize) {
         orders.join(" | ")
     );
     println!("|---|---|---|---|---|---|---|{}", "---|".repeat(nr_orders));
-    for &size in &args.sizes {
+    for &size in sizes {
         for &v in &args.variants {
             let Some(r) = runs.iter().rev().find(|r| r.size == size && r.variant == v) else { continue };
-            if v == Variant::Populate {
+            if matches!(v, Variant::Populate | Variant::PopulateAll) {
                 // Nothing is shaped: show what taking the memory cost the machine instead.
                 let lost: Vec<String> = r
                     .populated
@@ -600,8 +673,12 @@ fn report(runs: &[Run], args: &Args, nr_orders: usize) {
     println!("\n### fraglab: planned vs intact (last run of each size)\n");
     println!("| size | order | planned | intact | intact % |");
     println!("|---|---|---|---|---|");
-    for &size in &args.sizes {
-        let Some(r) = runs.iter().rev().find(|r| r.size == size && r.variant == Variant::Fraglab) else {
+    for &size in sizes {
+        let Some(r) = runs
+            .iter()
+            .rev()
+            .find(|r| r.size == size && matches!(r.variant, Variant::Fraglab | Variant::Whole))
+        else {
             continue;
         };
         for o in 0..r.planned.len() {
@@ -627,7 +704,7 @@ fn report(runs: &[Run], args: &Args, nr_orders: usize) {
         println!("\n### naive: what the freed pages could form among themselves (from their PFNs)\n");
         println!("| size | {} |", (0..nr_orders).map(|o| format!("o{o}")).collect::<Vec<_>>().join(" | "));
         println!("|---|{}", "---|".repeat(nr_orders));
-        for &size in &args.sizes {
+        for &size in sizes {
             if let Some(r) = runs.iter().rev().find(|r| r.size == size && r.variant == Variant::Naive) {
                 println!(
                     "| {} | {} |",
@@ -636,6 +713,62 @@ fn report(runs: &[Run], args: &Args, nr_orders: usize) {
                 );
             }
         }
+    }
+}
+
+/// Median time to target of one variant at one size.
+fn median(runs: &[Run], size: u64, v: Variant) -> Option<f64> {
+    let mut t: Vec<f64> =
+        runs.iter().filter(|r| r.size == size && r.variant == v).map(|r| r.total.as_secs_f64()).collect();
+    t.sort_by(f64::total_cmp);
+    t.get(t.len() / 2).copied()
+}
+
+/// fraglab's median against each populate-only median, size by size; and, over the sizes, the
+/// least-squares line of each variant's medians with its r² — how the cost grows.
+fn ratios_and_fit(runs: &[Run], args: &Args, sizes: &[u64]) {
+    println!("\n### fraglab against populating alone (ratio of medians)\n");
+    println!("| size | fraglab | ÷ populate only (one thread) | ÷ populate only, every CPU |");
+    println!("|---|---|---|---|");
+    for &size in sizes {
+        for v in [Variant::Fraglab, Variant::Whole] {
+            let Some(f) = median(runs, size, v) else { continue };
+            let ratio =
+                |reference| median(runs, size, reference).map_or("—".into(), |r| format!("{:.2}×", f / r));
+            println!(
+                "| {} | {} s ({}) | {} | {} |",
+                gib(size),
+                secs(Duration::from_secs_f64(f)),
+                v.name(),
+                ratio(Variant::Populate),
+                ratio(Variant::PopulateAll)
+            );
+        }
+    }
+    if sizes.len() < 2 {
+        return;
+    }
+    println!("\n### Growth: time to target = a + b × size (least squares over the medians)\n");
+    println!("| variant | a (s) | b (s per GiB) | r² | GiB/s at the largest size |");
+    println!("|---|---|---|---|---|");
+    for &v in &args.variants {
+        let pts: Vec<(f64, f64)> = sizes
+            .iter()
+            .filter_map(|&size| median(runs, size, v).map(|t| (size as f64 / (1u64 << 30) as f64, t)))
+            .collect();
+        if pts.len() < 2 {
+            continue;
+        }
+        let n = pts.len() as f64;
+        let (mx, my) = (pts.iter().map(|p| p.0).sum::<f64>() / n, pts.iter().map(|p| p.1).sum::<f64>() / n);
+        let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+        let syy: f64 = pts.iter().map(|p| (p.1 - my).powi(2)).sum();
+        let b = sxy / sxx;
+        let a = my - b * mx;
+        let r2 = if syy == 0.0 { 1.0 } else { sxy * sxy / (sxx * syy) };
+        let last = pts.last().expect("two points at least");
+        println!("| {} | {a:.3} | {b:.3} | {r2:.3} | {:.2} |", v.name(), last.0 / last.1);
     }
 }
 
@@ -685,12 +818,21 @@ fn main() -> Result<()> {
         args.repeat
     );
 
+    // Whole machine: every variant takes what fraglab would, MemAvailable above its default reserve.
+    let (sizes, keep) = if args.sizes.is_empty() {
+        let reserve = default_reserve()?;
+        let size = page_floor(mem_available()?.saturating_sub(reserve));
+        println!("whole machine: MemAvailable − reserve ({}) = {}", gib(reserve), gib(size));
+        (vec![size], reserve)
+    } else {
+        (args.sizes.clone(), args.keep)
+    };
     if args.warmup {
         // The first touch of memory can cost far more than later ones (a kernel that initialises
         // struct pages lazily, a hypervisor backing guest memory on demand): pay it untimed.
-        let largest = *args.sizes.iter().max().expect("sizes checked non-empty");
-        check_room(largest, args.keep)?;
-        let w = populate_only(largest, args.keep)?;
+        let largest = *sizes.iter().max().expect("one size at least");
+        check_room(largest, keep)?;
+        let w = populate_only(largest, keep)?;
         println!("warm-up: populated {} once, untimed in the tables: {} s", gib(largest), secs(w.populate));
         quiesce(&args.run_dir)?;
     }
@@ -702,7 +844,7 @@ fn main() -> Result<()> {
     let mut runs = Vec::new();
     let mut overlapped = Vec::new();
     let mut waited = Duration::ZERO;
-    'all: for &size in &args.sizes {
+    'all: for &size in &sizes {
         for rep in 0..args.repeat {
             for &v in &args.variants {
                 if STOP.load(Ordering::Relaxed) {
@@ -710,16 +852,18 @@ fn main() -> Result<()> {
                     break 'all;
                 }
                 waited += wait_for_others(&found)?;
-                check_room(size, args.keep)?;
+                check_room(size, keep)?;
                 if args.compact {
                     std::fs::write("/proc/sys/vm/compact_memory", "1").context("vm.compact_memory")?;
                     settle()?;
                 }
                 eprint!("{} {} run {}/{} … ", gib(size), v.name(), rep + 1, args.repeat);
                 let run = match v {
-                    Variant::Populate => populate_only(size, args.keep)?,
-                    Variant::Fraglab => fraglab(size, &args, nr_orders)?,
-                    Variant::Naive => naive(size, args.keep, nr_orders)?,
+                    Variant::Populate => populate_only(size, keep)?,
+                    Variant::PopulateAll => populate_all(size, keep)?,
+                    Variant::Fraglab => fraglab(size, &args, nr_orders, false)?,
+                    Variant::Whole => fraglab(size, &args, nr_orders, true)?,
+                    Variant::Naive => naive(size, keep, nr_orders)?,
                 };
                 let clean = watched()? == found;
                 eprintln!(
@@ -736,7 +880,7 @@ fn main() -> Result<()> {
         }
     }
 
-    report(&runs, &args, nr_orders);
+    report(&runs, &args, &sizes, nr_orders);
     println!(
         "\nWaited {} s in all for other fragmenters to finish before variants; runs another fragmenter \
          overlapped: {}",

@@ -33,35 +33,23 @@ pub struct Arena {
 }
 
 impl Arena {
-    /// Map and fault in `bytes` more memory (rounded down to whole pages) as small pages. Transparent
-    /// huge pages are refused so every page is an order-0 allocation the cut can free one by one.
-    /// Returns the pages added: 0 only when `bytes` is less than a page, which a caller looping until
-    /// it holds some figure must treat as the end, not as a step.
+    /// Map and fault in `bytes` more memory (rounded down to whole pages) on this thread: one
+    /// [`take`], as each worker of [`crate::populate`] does, without reading pagemap. Returns the pages added: 0 only when
+    /// `bytes` is less than a page, which a caller looping until it holds some figure must treat as
+    /// the end, not as a step.
     pub fn populate(&mut self, bytes: usize) -> Result<usize> {
-        let len = bytes / PAGE_SIZE * PAGE_SIZE;
-        if len == 0 {
+        if bytes < PAGE_SIZE {
             return Ok(0);
         }
-        let mut map = MmapOptions::new().len(len).map_anon().context("mmap of anonymous memory failed")?;
-        map.advise(memmap2::Advice::NoHugePage).context("madvise(MADV_NOHUGEPAGE)")?;
-        let ptr = map.as_mut_ptr();
-        // SAFETY: the range is exactly our fresh mapping.
-        if unsafe { libc::madvise(ptr.cast(), len, libc::MADV_POPULATE_WRITE) } != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EINVAL) {
-                return Err(err).context("madvise(MADV_POPULATE_WRITE)");
-            }
-            // Before 5.14 there is no MADV_POPULATE_WRITE: touch every page instead.
-            for off in (0..len).step_by(PAGE_SIZE) {
-                map[off] = 1;
-            }
-        }
-        if self.locked {
-            lock(&map)?;
-        }
-        self.chunks.push(Chunk { map, first_page: self.pages, resident: len / PAGE_SIZE });
-        self.pages += len / PAGE_SIZE;
-        Ok(len / PAGE_SIZE)
+        Ok(self.adopt(take(bytes, self.locked, None)?.map))
+    }
+
+    /// Hold a mapping [`take`] made; returns its pages.
+    pub fn adopt(&mut self, map: MmapMut) -> usize {
+        let pages = map.len() / PAGE_SIZE;
+        self.chunks.push(Chunk { map, first_page: self.pages, resident: pages });
+        self.pages += pages;
+        pages
     }
 
     pub fn pages(&self) -> usize {
@@ -87,28 +75,11 @@ impl Arena {
     }
 
     /// The PFN of every page (0 where the kernel hides it: without CAP_SYS_ADMIN pagemap reports 0).
-    ///
-    /// One pread(2) per chunk straight into a u64 buffer: procfs's PageMap decodes entry by entry
-    /// through a BufReader, which costs seconds per GiB in a debug build; this is ~10 ms.
     pub fn pfns(&self) -> Result<Vec<u64>> {
-        use std::os::unix::fs::FileExt;
-        const PRESENT: u64 = 1 << 63;
-        const PFN_MASK: u64 = (1 << 55) - 1;
-        let pagemap = std::fs::File::open("/proc/self/pagemap").context("cannot open /proc/self/pagemap")?;
+        let pagemap = open_pagemap()?;
         let mut pfns = Vec::with_capacity(self.pages);
         for c in &self.chunks {
-            let n = c.map.len() / PAGE_SIZE;
-            let mut raw = vec![0u8; n * 8];
-            let offset = (c.map.as_ptr() as usize / PAGE_SIZE * 8) as u64;
-            pagemap.read_exact_at(&mut raw, offset).context("cannot read /proc/self/pagemap")?;
-            pfns.extend(raw.chunks_exact(8).map(|e| {
-                let entry = u64::from_ne_bytes(e.try_into().expect("8-byte chunks"));
-                if entry & PRESENT != 0 {
-                    entry & PFN_MASK
-                } else {
-                    0
-                }
-            }));
+            pfns.extend(map_pfns(&c.map, &pagemap)?);
         }
         Ok(pfns)
     }
@@ -117,7 +88,7 @@ impl Arena {
     /// ranges stay mapped, so no VMA is split and vm.max_map_count is never approached.
     pub fn free(&mut self, runs: &[(usize, usize)]) -> Result<()> {
         let advice = if self.locked { libc::MADV_DONTNEED_LOCKED } else { libc::MADV_DONTNEED };
-        let mut iovecs: Vec<libc::iovec> = Vec::with_capacity(runs.len());
+        let mut iovecs: Vec<IoVec> = Vec::with_capacity(runs.len());
         for &(start, end) in runs {
             // A run of page indices may straddle two chunks that are not virtually adjacent.
             let mut s = start;
@@ -127,13 +98,32 @@ impl Arena {
                 let chunk_end = c.first_page + c.map.len() / PAGE_SIZE;
                 let e = end.min(chunk_end);
                 let base = c.map.as_ptr() as usize + (s - c.first_page) * PAGE_SIZE;
-                iovecs.push(libc::iovec { iov_base: base as *mut _, iov_len: (e - s) * PAGE_SIZE });
+                iovecs.push(IoVec(libc::iovec { iov_base: base as *mut _, iov_len: (e - s) * PAGE_SIZE }));
                 // The runs a cut frees are disjoint, so each page is counted out once.
                 c.resident = c.resident.saturating_sub(e - s);
                 s = e;
             }
         }
-        madvise_many(&iovecs, advice)
+        // Zapping pages is per-page work in the kernel (unmapping, uncharging, freeing to the
+        // per-CPU lists): one thread a CPU, each on an equal share of the pages. Each is pinned to
+        // its CPU, so the pages a later call frees on a CPU are the last that CPU's per-CPU list
+        // saw: those stay there (up to its `high`) rather than in the buddy lists, and a budget's
+        // surplus, freed after the cut, pushes the cut's out on every CPU.
+        let cpus = crate::populate::cpus();
+        let parts = split_even(&iovecs, cpus.len());
+        std::thread::scope(|scope| {
+            let done: Vec<_> = parts
+                .iter()
+                .zip(&cpus)
+                .map(|(part, &cpu)| {
+                    scope.spawn(move || {
+                        crate::populate::pin(cpu);
+                        madvise_many(part, advice)
+                    })
+                })
+                .collect();
+            done.into_iter().try_for_each(|d| d.join().expect("a madvise worker panicked"))
+        })
     }
 
     /// Give back whole chunks from the end until at least `bytes` of resident memory are returned,
@@ -157,6 +147,77 @@ impl Arena {
     }
 }
 
+/// Map and fault in `bytes` (rounded down to whole pages) as small pages. Transparent huge pages
+/// are refused so every page is an order-0 allocation the cut can free one by one. With `locked`
+/// the pages are mlocked as they fault in (MLOCK_ONFAULT: one pass over the range, where mlock
+/// after populating walks it twice and moves every page to the unevictable list a second time).
+/// With `pagemap`, where each page landed is read right away, while the next chunk is being taken.
+pub fn take(bytes: usize, locked: bool, pagemap: Option<&std::fs::File>) -> Result<Taken> {
+    let len = bytes / PAGE_SIZE * PAGE_SIZE;
+    let mut map = MmapOptions::new().len(len).map_anon().context("mmap of anonymous memory failed")?;
+    map.advise(memmap2::Advice::NoHugePage).context("madvise(MADV_NOHUGEPAGE)")?;
+    let ptr = map.as_mut_ptr();
+    // nix has no mlock2(2); libc's binding is used as it is.
+    // SAFETY: the range is exactly our fresh mapping.
+    let locked_on_fault = locked && unsafe { libc::mlock2(ptr.cast(), len, libc::MLOCK_ONFAULT) } == 0;
+    // SAFETY: the range is exactly our fresh mapping.
+    if unsafe { libc::madvise(ptr.cast(), len, libc::MADV_POPULATE_WRITE) } != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINVAL) {
+            return Err(err).context("madvise(MADV_POPULATE_WRITE)");
+        }
+        // Before 5.14 there is no MADV_POPULATE_WRITE: touch every page instead.
+        for off in (0..len).step_by(PAGE_SIZE) {
+            map[off] = 1;
+        }
+    }
+    if locked && !locked_on_fault {
+        // Before 4.4 there is no mlock2: lock what is now populated.
+        lock(&map)?;
+    }
+    let pfns = match pagemap {
+        Some(f) => map_pfns(&map, f)?,
+        None => Vec::new(),
+    };
+    Ok(Taken { map, pfns })
+}
+
+/// One mapping [`take`] made, and the frame of each of its pages as pagemap showed them right after
+/// (none when it was not asked to read them).
+pub struct Taken {
+    pub map: MmapMut,
+    pub pfns: Vec<u64>,
+}
+
+pub fn open_pagemap() -> Result<std::fs::File> {
+    std::fs::File::open("/proc/self/pagemap").context("cannot open /proc/self/pagemap")
+}
+
+/// The PFN of every page of `map` (0 where the kernel hides it).
+///
+/// One pread(2) straight into a buffer: procfs's PageMap decodes entry by entry through a
+/// BufReader, which costs seconds per GiB in a debug build.
+fn map_pfns(map: &MmapMut, pagemap: &std::fs::File) -> Result<Vec<u64>> {
+    use std::os::unix::fs::FileExt;
+    const PRESENT: u64 = 1 << 63;
+    const PFN_MASK: u64 = (1 << 55) - 1;
+    let n = map.len() / PAGE_SIZE;
+    let mut raw = vec![0u8; n * 8];
+    let offset = (map.as_ptr() as usize / PAGE_SIZE * 8) as u64;
+    pagemap.read_exact_at(&mut raw, offset).context("cannot read /proc/self/pagemap")?;
+    Ok(raw
+        .chunks_exact(8)
+        .map(|e| {
+            let entry = u64::from_ne_bytes(e.try_into().expect("8-byte chunks"));
+            if entry & PRESENT != 0 {
+                entry & PFN_MASK
+            } else {
+                0
+            }
+        })
+        .collect())
+}
+
 fn lock(map: &MmapMut) -> Result<()> {
     // SAFETY: locking our own mapping's range.
     if unsafe { libc::mlock(map.as_ptr().cast(), map.len()) } != 0 {
@@ -166,17 +227,53 @@ fn lock(map: &MmapMut) -> Result<()> {
     Ok(())
 }
 
+/// `iovecs` cut into up to `parts` lists of about equal bytes, splitting a range at a page boundary
+/// where a share ends inside it.
+fn split_even(iovecs: &[IoVec], parts: usize) -> Vec<Vec<IoVec>> {
+    let total: usize = iovecs.iter().map(|v| v.0.iov_len).sum();
+    let share = (total / PAGE_SIZE).div_ceil(parts.max(1)).max(1) * PAGE_SIZE;
+    let mut out: Vec<Vec<IoVec>> = vec![Vec::new()];
+    let mut room = share;
+    for v in iovecs {
+        let (mut base, mut len) = (v.0.iov_base as usize, v.0.iov_len);
+        while len > 0 {
+            if room == 0 {
+                out.push(Vec::new());
+                room = share;
+            }
+            let take = len.min(room);
+            let last = out.last_mut().expect("one list at least");
+            last.push(IoVec(libc::iovec { iov_base: base as *mut _, iov_len: take }));
+            (base, len, room) = (base + take, len - take, room - take);
+        }
+    }
+    out
+}
+
+/// The most ranges process_madvise(2) takes in one call.
+const UIO_MAXIOV: usize = 1024;
+
+/// A range of our own mappings, for madvise. `libc::iovec` holds a raw pointer, so it cannot cross
+/// to a worker thread as it is.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct IoVec(libc::iovec);
+
+// SAFETY: an IoVec only names a range of the arena's mappings, which outlive the scoped threads
+// that advise on it; no thread dereferences the pointer, the kernel does.
+unsafe impl Send for IoVec {}
+unsafe impl Sync for IoVec {}
+
 /// process_madvise(2) takes up to UIO_MAXIOV ranges per call; on kernels before 6.13 it refuses
 /// MADV_DONTNEED for the caller itself (EINVAL), so fall back to one madvise(2) per range.
-fn madvise_many(iovecs: &[libc::iovec], advice: libc::c_int) -> Result<()> {
-    const UIO_MAXIOV: usize = 1024;
+fn madvise_many(iovecs: &[IoVec], advice: libc::c_int) -> Result<()> {
     // SAFETY: pidfd_open on our own pid returns a new descriptor or -1.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, std::process::id(), 0) } as libc::c_int;
     let mut batched = pidfd >= 0;
     let mut done = 0;
     while batched && done < iovecs.len() {
         let batch = &iovecs[done..iovecs.len().min(done + UIO_MAXIOV)];
-        let want: usize = batch.iter().map(|v| v.iov_len).sum();
+        let want: usize = batch.iter().map(|v| v.0.iov_len).sum();
         // SAFETY: the iovecs describe ranges of our own mappings.
         let n = unsafe {
             libc::syscall(libc::SYS_process_madvise, pidfd, batch.as_ptr(), batch.len(), advice, 0)
@@ -207,10 +304,10 @@ fn madvise_many(iovecs: &[libc::iovec], advice: libc::c_int) -> Result<()> {
     Ok(())
 }
 
-fn madvise_each(iovecs: &[libc::iovec], advice: libc::c_int) -> Result<()> {
+fn madvise_each(iovecs: &[IoVec], advice: libc::c_int) -> Result<()> {
     for v in iovecs {
         // SAFETY: each iovec is a range of our own mapping.
-        if unsafe { libc::madvise(v.iov_base, v.iov_len, advice) } != 0 {
+        if unsafe { libc::madvise(v.0.iov_base, v.0.iov_len, advice) } != 0 {
             return Err(std::io::Error::last_os_error()).context("madvise(MADV_DONTNEED) failed");
         }
     }

@@ -6,12 +6,15 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use fraglab_probe::buddyinfo::BuddyInfo;
 use fraglab_probe::pagetypeinfo::PageTypeInfo;
+use fraglab_probe::zoneinfo::ZoneInfo;
 use procfs::Current;
 use serde::{Deserialize, Serialize};
 
 use crate::arena::{page_floor, Arena, PAGE_SIZE};
+use crate::frames::Frames;
 use crate::keeper::{Keep, Keeper, Keeping, Timeline};
 use crate::pipefill::PipeFill;
+use crate::populate::{self, Pool};
 use crate::shape::{self, Cut};
 use crate::sysctl::{Entry, Journal, Restored};
 use crate::target::Target;
@@ -220,6 +223,82 @@ pub fn populate_limits(budget: Option<u64>, mem_available: u64, reserve: u64, sm
     (total, cap.max(total))
 }
 
+/// What populating does next.
+enum Next {
+    /// Hand out a chunk of this many bytes.
+    Take(u64),
+    /// Nothing more until the chunks being taken are in.
+    Wait,
+    /// Taken enough, and why: final once nothing is in flight.
+    Enough(String),
+}
+
+/// Whether to take another chunk, with `taken` bytes held or being taken (`in_flight` of them not
+/// in yet) and `usable` bytes of them in whole regions of the cut's order. The same rules whatever
+/// is in flight: a reason to stop becomes final only once everything handed out is in, since
+/// MemAvailable may not show a chunk being faulted in and its regions are not counted yet.
+fn next_chunk(
+    plan: &Plan,
+    taken: u64,
+    in_flight: u64,
+    usable: u64,
+    total: u64,
+    cap: u64,
+    keep: u64,
+) -> Result<Next> {
+    if taken >= cap {
+        return Ok(Next::Enough(match plan.budget {
+            None => format!("took MemAvailable − reserve ({})", mib(total)),
+            Some(_) if cap == total => format!("took the budget ({})", mib(total)),
+            Some(_) => format!("took the search cap ({}) to find whole regions", mib(cap)),
+        }));
+    }
+    if plan.budget.is_some() && taken >= total {
+        if usable * 10 >= total * 9 {
+            return Ok(Next::Enough(format!(
+                "took {}, with whole regions for 90 % of {}",
+                mib(taken),
+                mib(total)
+            )));
+        }
+        if (usable + in_flight) * 10 >= total * 9 {
+            // What is being taken may be enough: do not search past it before it is counted.
+            return Ok(Next::Wait);
+        }
+    }
+    let step = CHUNK.min(cap - taken);
+    if step < PAGE_SIZE as u64 {
+        return Ok(Next::Enough(format!(
+            "stopped at {}: a step of {step} bytes is less than a page",
+            mib(taken)
+        )));
+    }
+    let m = procfs::Meminfo::current().context("cannot read /proc/meminfo")?;
+    let avail = m.mem_available.context("/proc/meminfo has no MemAvailable")?;
+    if avail < keep + step + in_flight {
+        // The reserve is not ours to take; shape what we have.
+        return Ok(Next::Enough(format!(
+            "stopped at {}: MemAvailable {} leaves no {} step above the reserve {}",
+            mib(taken),
+            mib(avail),
+            mib(step),
+            mib(keep)
+        )));
+    }
+    // Past the budget, memory is taken only to find whole regions: from free memory, never by
+    // making the kernel reclaim other processes' page cache for it.
+    if plan.budget.is_some() && taken >= total && m.mem_free < keep + step + in_flight {
+        return Ok(Next::Enough(format!(
+            "stopped at {} past the budget: MemFree {} leaves no {} step above the reserve (no reclaim for \
+             the region search)",
+            mib(taken),
+            mib(m.mem_free),
+            mib(step)
+        )));
+    }
+    Ok(Next::Take(step))
+}
+
 /// A byte figure in MiB (KiB below one): one unit throughout, so figures side by side compare.
 fn mib(bytes: u64) -> String {
     if bytes < 1 << 20 {
@@ -286,80 +365,64 @@ impl Fragmenter {
         // hold would begin below the floor and the guard give the target up at once.
         let keep = fill_keeps(&plan);
         let (total, cap) = populate_limits(plan.budget, mem_available()?, keep, small_free);
-        let mut next_look = total;
-        // Every pass adds at least a page or ends the loop, so it ends by `cap` at the latest.
+        // The frames taken so far, counting the whole regions of the cut's order among them: the
+        // region search's measure, kept as chunks come in rather than re-read.
+        let mut owned = Frames::new(region_order);
+        let mut pfns: Vec<u64> = Vec::new();
+        let mut pool = Pool::new(populate::workers(), plan.pin == Pin::Mlock, true)?;
+        // Every pass hands out a chunk, takes one in, or ends with nothing in flight; chunks are
+        // handed out only below `cap`, so the loop ends by then at the latest.
         let populated = loop {
             if stop.load(Ordering::Relaxed) {
+                while let Some(taken) = pool.recv() {
+                    if let Ok(t) = taken {
+                        arena.adopt(t.map);
+                    }
+                }
                 return Err(stopped("populating", arena, fill, journal));
             }
-            if arena.bytes() >= cap {
-                break match plan.budget {
-                    None => format!("took MemAvailable − reserve ({})", mib(total)),
-                    Some(_) if cap == total => format!("took the budget ({})", mib(total)),
-                    Some(_) => format!("took the search cap ({}) to find whole regions", mib(cap)),
-                };
-            }
-            if arena.bytes() >= next_look {
-                let usable =
-                    shape::usable_pages(&arena.pfns()?, region_order, plan.nr_orders) * PAGE_SIZE as u64;
-                if usable * 10 >= total * 9 {
-                    break format!(
-                        "took {}, with whole regions for 90 % of {}",
-                        mib(arena.bytes()),
-                        mib(total)
-                    );
+            let taken = arena.bytes() + pool.in_flight_bytes();
+            let usable = (owned.whole() << region_order) * PAGE_SIZE as u64;
+            match next_chunk(&plan, taken, pool.in_flight_bytes(), usable, total, cap, keep)? {
+                Next::Take(step) if pool.idle() => {
+                    pool.send(step as usize);
+                    continue;
                 }
-                // A look reads pagemap and sorts every page held (0.2 s a GiB): look again after
-                // another quarter of the budget or of what is held, whichever is more, not after
-                // every chunk.
-                next_look = arena.bytes() + (total / 4).max(arena.bytes() / 4).max(CHUNK);
+                Next::Enough(why) if pool.in_flight_bytes() == 0 => break why,
+                // All workers busy, or the decision waits on what they are taking.
+                _ => {}
             }
-            let step = CHUNK.min(cap - arena.bytes());
-            let m = procfs::Meminfo::current().context("cannot read /proc/meminfo")?;
-            let avail = m.mem_available.context("/proc/meminfo has no MemAvailable")?;
-            if avail < keep + step {
-                // The reserve is not ours to take; shape what we have.
-                break format!(
-                    "stopped at {}: MemAvailable {} leaves no {} step above the reserve {}",
-                    mib(arena.bytes()),
-                    mib(avail),
-                    mib(step),
-                    mib(keep)
-                );
-            }
-            // Past the budget, memory is taken only to find whole regions: from free memory, never
-            // by making the kernel reclaim other processes' page cache for it.
-            if plan.budget.is_some() && arena.bytes() >= total && m.mem_free < keep + step {
-                break format!(
-                    "stopped at {} past the budget: MemFree {} leaves no {} step above the reserve (no \
-                     reclaim for the region search)",
-                    mib(arena.bytes()),
-                    mib(m.mem_free),
-                    mib(step)
-                );
-            }
-            if arena.populate(step as usize)? == 0 {
-                break format!(
-                    "stopped at {}: a step of {step} bytes is less than a page",
-                    mib(arena.bytes())
-                );
-            }
+            let t = pool.recv().expect("a chunk is in flight")?;
+            owned.extend(&t.pfns);
+            pfns.extend_from_slice(&t.pfns);
+            arena.adopt(t.map);
             progress(Progress::Populating { done: arena.bytes().min(total), total });
         };
+        drop(pool);
         bounds.push(format!("populate: {populated}"));
         let buddyinfo_populated = BuddyInfo::read()?;
 
         progress(Progress::Cutting);
-        let pfns = arena.pfns()?;
+        if plan.pin == Pin::None {
+            // Movable pages may have been migrated since their chunk was read (the first ones
+            // seconds ago): read where they are now. Locked pages stay put
+            // (vm.compact_unevictable_allowed = 0 was set before the first was taken).
+            pfns = arena.pfns()?;
+            owned = Frames::from_pfns(&pfns, region_order);
+        }
         let naive = pfns.iter().all(|&p| p == 0);
         let mut scale = 1.0;
-        let cut = if naive {
+        let mut cut = if naive {
             naive_cut(arena.pages(), &plan.target, plan.nr_orders)
         } else {
             match &plan.target {
-                Target::MaxFreeOrder { order, free_bytes } => {
-                    shape::max_free_order(&pfns, *order, free_bytes / PAGE_SIZE as u64, plan.nr_orders)
-                }
+                Target::MaxFreeOrder { order, free_bytes } => shape::max_free_order(
+                    &pfns,
+                    &owned,
+                    *order,
+                    free_bytes / PAGE_SIZE as u64,
+                    plan.nr_orders,
+                ),
                 Target::Profile { free, .. } => {
                     // A budget bounds what is shaped; memory taken beyond it only to find whole
                     // aligned regions is surplus, given back after the cut, and must not unscale it.
@@ -375,23 +438,30 @@ impl Fragmenter {
         if stop.load(Ordering::Relaxed) {
             return Err(stopped("cutting", arena, fill, journal));
         }
+        // Sorted once: every check of the planned blocks reads /proc/kpageflags in PFN order.
+        cut.at.sort_unstable();
         progress(Progress::Freeing { pages: cut.freed_pages() });
         arena.free(&cut.runs)?;
-        let surplus_pages: u64 = if plan.budget.is_some() {
-            arena.free(&cut.surplus)?;
-            cut.surplus.iter().map(|(s, e)| (e - s) as u64).sum()
-        } else {
-            0
-        };
+        // A budget's surplus goes back after the cut: the last pages each CPU frees stay in its
+        // per-CPU list (up to its `high`), out of the buddy lists, and those had better not be the
+        // cut's — surplus freed last pushes them out.
+        let surplus: &[(usize, usize)] = if plan.budget.is_some() { &cut.surplus } else { &[] };
+        arena.free(surplus)?;
+        let surplus_pages: u64 = surplus.iter().map(|(s, e)| (e - s) as u64).sum();
         let kept = kept_pages(&pfns, &cut, plan.budget.is_some());
-        // One u64 per page taken: freed now so its pages do not become a free high-order block
-        // after the last check (measured in a 1 GiB guest).
+        // One u64 per page taken, and the frame bitmap: freed now so their pages do not become a
+        // free high-order block after the last check (measured in a 1 GiB guest).
         drop(pfns);
+        drop(owned);
 
         progress(Progress::Settling);
-        let (mut buddyinfo_now, settled) = match settle(stop)? {
-            Some(s) => s,
-            None => return Err(stopped("settling", arena, fill, journal)),
+        let settled = if naive {
+            settle(stop)?.map(|(b, why)| (b, why, None))
+        } else {
+            settle_planned(&cut.at, plan.nr_orders, stop)?.map(|(b, why, intact)| (b, why, Some(intact)))
+        };
+        let Some((mut buddyinfo_now, settled, mut intact)) = settled else {
+            return Err(stopped("settling", arena, fill, journal));
         };
         bounds.push(format!("settle: {settled}"));
         let mut leftover_pages = None;
@@ -403,6 +473,8 @@ impl Fragmenter {
             };
             buddyinfo_now = b;
             leftover_pages = Some(left);
+            // The fill's pages come from the smallest free blocks first: look at the cut's again.
+            intact = None;
             bounds.push(format!("fill: {ended}"));
         }
         let (how, order) = plan.keeping();
@@ -437,7 +509,17 @@ impl Fragmenter {
         let mut f = Fragmenter { plan, arena, journal, cut, kept, fill, keeper, status };
         // The hold's first look: its record starts with the hold.
         f.keep_now()?;
-        f.refresh()?;
+        match intact {
+            // Just checked, block by block: a second read of /proc/kpageflags would say the same.
+            Some(intact) => {
+                f.status.intact = intact;
+                f.status.moved_pages = moved_pages(&f.arena, &f.kept)?;
+                f.status.keeping = Some(f.keeper.status());
+            }
+            None => {
+                f.refresh()?;
+            }
+        }
         Ok(f)
     }
 
@@ -582,8 +664,8 @@ fn naive_cut(pages: usize, target: &Target, nr_orders: usize) -> Cut {
     }
 }
 
-/// Wait for the per-CPU lists to drain into the buddy lists: buddyinfo stops changing, or 3 s pass.
-/// Returns the last buddyinfo and which of the two ended the wait; `None` when `stop` was set.
+/// Without PFNs (naive cut, no planned blocks to check): wait for the per-CPU lists to drain into
+/// the buddy lists: buddyinfo stops changing, or 3 s pass. Returns the last buddyinfo and which of the two ended the wait; `None` when `stop` was set.
 fn settle(stop: &AtomicBool) -> Result<Option<(BuddyInfo, String)>> {
     const BOUND: Duration = Duration::from_secs(3);
     let start = Instant::now();
@@ -604,6 +686,65 @@ fn settle(stop: &AtomicBool) -> Result<Option<(BuddyInfo, String)>> {
             )));
         }
         last = now;
+    }
+}
+
+/// Wait until the cut's blocks are free buddy blocks — freed pages reach the buddy lists through
+/// the per-CPU lists, late — checking them every 10 ms. Ends when every planned block is free; when
+/// the pages of those not free would all fit in the per-CPU lists (the last pages each CPU freed
+/// stay there, up to its `high`, until an order-0 allocation on that CPU takes them: no wait
+/// brings them out); when none more turned free for 1.2 s, longer than the vmstat worker's 1 s
+/// trim of those lists (the rest were taken by other allocations); or at 3 s. Returns buddyinfo and
+/// which ended the wait, and the planned blocks free per order; `None` when `stop` was set. `at` is
+/// sorted.
+fn settle_planned(
+    at: &[(u64, usize)],
+    nr_orders: usize,
+    stop: &AtomicBool,
+) -> Result<Option<(BuddyInfo, String, Vec<u64>)>> {
+    const BOUND: Duration = Duration::from_secs(3);
+    const QUIET: Duration = Duration::from_millis(1200);
+    let mut planned = vec![0u64; nr_orders];
+    for &(_, o) in at {
+        planned[o] += 1;
+    }
+    let start = Instant::now();
+    let (mut best, mut since) = (0u64, start);
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let intact = intact_blocks(at, nr_orders)?;
+        let free: u64 = intact.iter().sum();
+        let not_free_pages: u64 =
+            planned.iter().zip(&intact).enumerate().map(|(o, (p, i))| (p - i) << o).sum();
+        let ms = start.elapsed().as_millis();
+        if free > best {
+            (best, since) = (free, Instant::now());
+        }
+        let why = if free == at.len() as u64 {
+            Some(format!("every planned block free after {ms} ms"))
+        } else if not_free_pages <= ZoneInfo::read()?.pcp_pages() {
+            Some(format!(
+                "{free} of {} planned blocks free after {ms} ms; the other {not_free_pages} pages fit in the \
+                 per-CPU lists, where they stay until an order-0 allocation takes them",
+                at.len()
+            ))
+        } else if since.elapsed() >= QUIET {
+            Some(format!(
+                "{free} of {} planned blocks free after {ms} ms, none more in {} ms (the rest were taken)",
+                at.len(),
+                QUIET.as_millis()
+            ))
+        } else if start.elapsed() >= BOUND {
+            Some(format!("{free} of {} planned blocks free at the {} s bound", at.len(), BOUND.as_secs()))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Ok(Some((BuddyInfo::read()?, why, intact)));
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -718,12 +859,11 @@ fn fill_leftovers(
     }
 }
 
-/// Per order, the planned free blocks whose first page still carries the BUDDY flag.
+/// Per order, the planned free blocks whose first page still carries the BUDDY flag. `at` is sorted.
 fn intact_blocks(at: &[(u64, usize)], nr_orders: usize) -> Result<Vec<u64>> {
     let mut flags = procfs::KPageFlags::new().context("cannot open /proc/kpageflags")?;
     let mut intact = vec![0u64; nr_orders];
-    let mut sorted: Vec<(u64, usize)> = at.to_vec();
-    sorted.sort_unstable();
+    let sorted = at;
     // Read in windows so neighbouring blocks share one read.
     let mut i = 0;
     while i < sorted.len() {

@@ -7,6 +7,8 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+use crate::frames::Frames;
+
 use serde::{Deserialize, Serialize};
 
 /// What the plan asks the allocator to end up with in the memory we own.
@@ -96,39 +98,66 @@ impl Regions {
         self.by_order[order].push(start);
         self.inside.insert(start);
     }
-
-    /// Pages of whole owned regions of `order` or larger.
-    fn pages_at_or_above(&self, order: usize) -> u64 {
-        self.by_order.iter().enumerate().skip(order).map(|(o, l)| (l.len() as u64) << o).sum()
-    }
 }
 
 /// No free block of order `k` or above: in each owned aligned 2^k region keep the first page and free
 /// the rest, which leaves one free block of every order below `k` there; stop after `free_pages`.
-pub fn max_free_order(pfns: &[u64], k: usize, free_pages: u64, nr_orders: usize) -> Cut {
+///
+/// One pass over the pages through a bitmap of the frames owned ([`Frames`]): no sort of what is
+/// held and no map from frame to page, so the cut costs what reading pagemap costs. When more
+/// regions are whole than the target needs, the ones at the highest PFNs are cut (Normal before
+/// DMA32, which 32-bit DMA devices need), and the lowest of them takes the remainder.
+pub fn max_free_order(pfns: &[u64], owned: &Frames, k: usize, free_pages: u64, nr_orders: usize) -> Cut {
     assert!(k >= 1 && k < nr_orders, "max free order {k} outside 1..{nr_orders}: resolve the plan first");
-    let (index, sorted) = index_by_pfn(pfns);
-    let mut regions = Regions::from_pfns(&sorted, nr_orders - 1);
-    let mut freed = Vec::new();
+    let region = 1u64 << k;
+    let per_region = region - 1;
+    let mut starts: Vec<u64> =
+        pfns.iter().copied().filter(|&p| p != 0 && p % region == 0 && owned.is_whole(p)).collect();
+    let need = free_pages.div_ceil(per_region) as usize;
+    if starts.len() > need {
+        // Partitioned, not sorted: the `need` highest starts first, in no particular order.
+        if need > 0 {
+            starts.select_nth_unstable_by(need - 1, |a, b| b.cmp(a));
+        }
+        starts.truncate(need);
+    }
+    let chosen = Frames::from_pfns(&starts, 0);
+    let full = (starts.len() as u64).min(free_pages / per_region);
+    // Pages of the one region cut short, as a mask of orders: freeing the buddies of its first page
+    // from the top while they fit takes exactly the binary digits of what is left.
+    let (partial, rest) = match free_pages - full * per_region {
+        0 => (None, 0),
+        rest => (starts.iter().copied().min(), rest),
+    };
     let mut blocks = vec![0u64; nr_orders];
-    let mut left = free_pages;
-    while left > 0 {
-        let Some(start) = regions.take(k) else { break };
-        // The buddies of the kept first page: start + 2^o is the aligned order-o block beside it.
-        for o in (0..k).rev() {
-            if 1u64 << o <= left {
-                freed.push((start + (1 << o), 1u64 << o));
-                blocks[o] += 1;
-                left -= 1 << o;
-            }
+    let mut at = Vec::with_capacity(starts.len() * k);
+    for &start in &starts {
+        let orders = if Some(start) == partial { rest } else { per_region };
+        for o in (0..k).filter(|o| orders & (1 << o) != 0) {
+            blocks[o] += 1;
+            at.push((start + (1 << o), o));
         }
     }
-    let at = block_list(&freed);
-    let surplus = surplus(pfns, &regions.touched, &index);
+    let mut runs = Runs::default();
+    let mut surplus = Runs::default();
+    for (i, &p) in pfns.iter().enumerate() {
+        let (start, offset) = (p & !(region - 1), p & (region - 1));
+        if p == 0 || !chosen.contains(start) {
+            surplus.push(i);
+            continue;
+        }
+        // The block an offset falls in is the buddy of order ⌊log2 offset⌋ of the region's first page.
+        let freed =
+            offset != 0 && (Some(start) != partial || rest & (1 << (63 - offset.leading_zeros())) != 0);
+        if freed {
+            runs.push(i);
+        }
+    }
+    let freed_pages: u64 = blocks.iter().enumerate().map(|(o, &n)| n << o).sum();
+    let left = free_pages - freed_pages;
     // What was not freed, as the blocks it would have been: one of each order below k per region
     // that was not found, then the remainder as the loop above would have cut it.
     let mut missing_blocks = vec![0u64; nr_orders];
-    let per_region = (1u64 << k) - 1;
     let mut rest = left % per_region;
     for (o, m) in missing_blocks.iter_mut().enumerate().take(k).rev() {
         *m = left / per_region;
@@ -137,7 +166,20 @@ pub fn max_free_order(pfns: &[u64], k: usize, free_pages: u64, nr_orders: usize)
             rest -= 1 << o;
         }
     }
-    Cut { runs: to_runs(&freed, &index), blocks, at, missing_blocks, missing_pages: left, surplus }
+    Cut { runs: runs.0, blocks, at, missing_blocks, missing_pages: left, surplus: surplus.0 }
+}
+
+/// Arena page indices, pushed ascending, merged into `[start, end)` runs.
+#[derive(Default)]
+struct Runs(Vec<(usize, usize)>);
+
+impl Runs {
+    fn push(&mut self, i: usize) {
+        match self.0.last_mut() {
+            Some((_, end)) if *end == i => *end += 1,
+            _ => self.0.push((i, i + 1)),
+        }
+    }
 }
 
 /// Reproduce `target[o]` free blocks of each order `o` in our memory.
@@ -209,26 +251,16 @@ fn index_by_pfn(pfns: &[u64]) -> (HashMap<u64, usize>, Vec<u64>) {
     (index, sorted)
 }
 
-/// Pages owned in whole aligned regions of `order` or larger: what a cut needing regions of that
-/// order can work with. Memory taken from an already fragmented machine is mostly not in them.
-pub fn usable_pages(pfns: &[u64], order: usize, nr_orders: usize) -> u64 {
-    let (_, sorted) = index_by_pfn(pfns);
-    Regions::from_pfns(&sorted, nr_orders - 1).pages_at_or_above(order)
-}
-
 fn surplus(pfns: &[u64], touched: &[(u64, usize)], index: &HashMap<u64, usize>) -> Vec<(usize, usize)> {
     let mut used: HashSet<usize> = HashSet::new();
     for &(start, order) in touched {
         used.extend((start..start + (1u64 << order)).map(|pfn| index[&pfn]));
     }
-    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut runs = Runs::default();
     for i in (0..pfns.len()).filter(|i| !used.contains(i)) {
-        match runs.last_mut() {
-            Some((_, end)) if *end == i => *end += 1,
-            _ => runs.push((i, i + 1)),
-        }
+        runs.push(i);
     }
-    runs
+    runs.0
 }
 
 fn block_list(freed: &[(u64, u64)]) -> Vec<(u64, usize)> {
@@ -240,14 +272,11 @@ fn to_runs(freed: &[(u64, u64)], index: &HashMap<u64, usize>) -> Vec<(usize, usi
     let mut pages: Vec<usize> =
         freed.iter().flat_map(|&(start, len)| (start..start + len).map(|pfn| index[&pfn])).collect();
     pages.sort_unstable();
-    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut runs = Runs::default();
     for p in pages {
-        match runs.last_mut() {
-            Some((_, end)) if *end == p => *end += 1,
-            _ => runs.push((p, p + 1)),
-        }
+        runs.push(p);
     }
-    runs
+    runs.0
 }
 
 /// Free blocks per order that a set of freed physical pages forms, as the buddy allocator would merge
@@ -301,7 +330,7 @@ mod tests {
         ) {
             let pfns = arena(range, &holes, seed);
             let want = (pfns.len() as f64 * frac) as u64;
-            let cut = max_free_order(&pfns, k, want, 11);
+            let cut = max_free_order(&pfns, &Frames::from_pfns(&pfns, k), k, want, 11);
             let blocks = buddy_blocks(&freed_pfns(&pfns, &cut), 11);
             prop_assert_eq!(&blocks, &cut.blocks);
             prop_assert!(blocks[k..].iter().all(|&n| n == 0), "{:?}", blocks);
