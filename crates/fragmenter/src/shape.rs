@@ -125,9 +125,11 @@ pub fn max_free_order(pfns: &[u64], owned: &Frames, k: usize, free_pages: u64, n
     let full = (starts.len() as u64).min(free_pages / per_region);
     // Pages of the one region cut short, as a mask of orders: freeing the buddies of its first page
     // from the top while they fit takes exactly the binary digits of what is left.
+    // There is one only when a region is left over once the full ones are counted: when whole
+    // regions ran out, every one found is cut in full and the rest is missing.
     let (partial, rest) = match free_pages - full * per_region {
-        0 => (None, 0),
-        rest => (starts.iter().copied().min(), rest),
+        rest if rest > 0 && starts.len() as u64 > full => (starts.iter().copied().min(), rest),
+        _ => (None, 0),
     };
     let mut blocks = vec![0u64; nr_orders];
     let mut at = Vec::with_capacity(starts.len() * k);
@@ -339,6 +341,11 @@ mod tests {
             let short: u64 = cut.missing_blocks.iter().enumerate().map(|(o, &n)| n << o).sum();
             prop_assert_eq!(short, cut.missing_pages);
             prop_assert!(cut.missing_blocks[k..].iter().all(|&n| n == 0));
+            // Only the last region needed may be cut short; when whole regions ran out, none is.
+            prop_assert!(cut.blocks[..k].iter().all(|&n| n.abs_diff(cut.blocks[0]) <= 1), "{:?}", cut.blocks);
+            if cut.missing_pages > 0 {
+                prop_assert!(cut.blocks[..k].iter().all(|&n| n == cut.blocks[0]), "{:?}", cut.blocks);
+            }
             // Surplus never overlaps the cut, and giving it back cannot merge into a freed block:
             // each touched region keeps a page.
             let surplus: BTreeSet<usize> = cut.surplus.iter().flat_map(|&(s, e)| s..e).collect();
