@@ -5,15 +5,25 @@
 //! sudo cargo run --release -p fraglab-fragmenter --example fragment_bench -- --sizes 4GiB,8GiB --repeat 3
 //! ```
 //!
-//! For each size and repetition, one after the other, each giving its memory back before the next:
+//! For each size and repetition, one after the other, each giving its memory back before the next
+//! (each repetition starts with the next variant in turn: on a VM that hands freed memory back to
+//! its host, whichever runs first after a pause touches colder memory):
 //! - `populate`: mmap anonymous + MADV_NOHUGEPAGE + MADV_POPULATE_WRITE ([`Arena::populate`], in the
-//!   fragmenter's 64 MiB chunks), then drop — the floor no shaping method can beat;
+//!   fragmenter's 64 MiB chunks) on one thread, then drop — the reference;
+//! - `populate-all`: the same with fraglab's pool of one worker per CPU ([`Pool`]), no pagemap read,
+//!   no lock — the machine's limit for taking the memory;
 //! - `fraglab`: [`Fragmenter::start`] with `Target::MaxFreeOrder { order: 4, free_bytes: size/16*15 }`,
 //!   budget = size, pin mlock; timed until `start` returns (settling included), split by the
 //!   [`Progress`] callbacks;
+//! - `whole` (only with `--sizes whole`, for a qemu guest): the same without a budget — all of
+//!   MemAvailable above fraglab's default reserve, then the pipe fill — beside `populate` and
+//!   `populate-all` of that much;
 //! - `naive`: populate the same way, then `madvise(MADV_DONTNEED)` on every other page, one call per
 //!   page (munmap per page would split the mapping into one VMA per page and stop at
 //!   vm.max_map_count), then the same settle wait as fraglab.
+//!
+//! After the tables: fraglab's median over each populate median, and with two sizes or more a
+//! least-squares line of each variant's medians (seconds = a + b × GiB, r²).
 //!
 //! Between variants the per-CPU free lists are drained and buddyinfo settles, so each starts alike.
 //! Budget mode may take up to 4× the budget to find whole aligned regions; `--max-take` (default
@@ -355,13 +365,18 @@ fn check_no_fraglab_holding() -> Result<()> {
     Ok(())
 }
 
-fn populate_only(size: u64, keep: u64) -> Result<Run> {
+/// Populate `size` on this thread. With `upto` (whole machine), stop where fraglab stops, at a step
+/// that MemAvailable cannot give above `keep`; otherwise that is an error.
+fn populate_only(size: u64, keep: u64, upto: bool) -> Result<Run> {
     let mut run = Run::new(Variant::Populate, size, buddy()?);
     let t0 = Instant::now();
     let mut arena = Arena::default();
     while arena.bytes() < size {
         let step = CHUNK.min((size - arena.bytes()) as usize);
         if mem_available()? < keep + step as u64 {
+            if upto {
+                break;
+            }
             bail!("MemAvailable fell to the --keep line while populating; stopped");
         }
         arena.populate(step)?;
@@ -381,7 +396,7 @@ fn populate_only(size: u64, keep: u64) -> Result<Run> {
 
 /// Populate only, with fraglab's pool of one worker per CPU (no pagemap read, no lock): the physical
 /// limit of taking the memory with the whole machine.
-fn populate_all(size: u64, keep: u64) -> Result<Run> {
+fn populate_all(size: u64, keep: u64, upto: bool) -> Result<Run> {
     let mut run = Run::new(Variant::PopulateAll, size, buddy()?);
     let t0 = Instant::now();
     let mut arena = Arena::default();
@@ -391,11 +406,18 @@ fn populate_all(size: u64, keep: u64) -> Result<Run> {
         if handed < size && pool.idle() {
             let step = CHUNK.min((size - handed) as usize);
             if mem_available()? < keep + step as u64 + pool.in_flight_bytes() {
-                bail!("MemAvailable fell to the --keep line while populating; stopped");
+                if !upto {
+                    bail!("MemAvailable fell to the --keep line while populating; stopped");
+                }
+                if pool.in_flight_bytes() == 0 {
+                    break;
+                }
+                // What is in flight may not show in MemAvailable yet: take it in, then look again.
+            } else {
+                pool.send(step);
+                handed += step as u64;
+                continue;
             }
-            pool.send(step);
-            handed += step as u64;
-            continue;
         }
         match pool.recv() {
             Some(t) => {
@@ -832,7 +854,7 @@ fn main() -> Result<()> {
         // struct pages lazily, a hypervisor backing guest memory on demand): pay it untimed.
         let largest = *sizes.iter().max().expect("one size at least");
         check_room(largest, keep)?;
-        let w = populate_only(largest, keep)?;
+        let w = populate_only(largest, keep, args.sizes.is_empty())?;
         println!("warm-up: populated {} once, untimed in the tables: {} s", gib(largest), secs(w.populate));
         quiesce(&args.run_dir)?;
     }
@@ -846,25 +868,38 @@ fn main() -> Result<()> {
     let mut waited = Duration::ZERO;
     'all: for &size in &sizes {
         for rep in 0..args.repeat {
-            for &v in &args.variants {
+            // Each repetition starts with the next variant: on a VM that hands freed memory back to
+            // its host (free page reporting), whichever runs first after a pause touches colder memory.
+            let mut order = args.variants.clone();
+            let first = rep % order.len();
+            order.rotate_left(first);
+            for &v in &order {
                 if STOP.load(Ordering::Relaxed) {
                     eprintln!("fragment_bench: interrupted; restoring and reporting what ran");
                     break 'all;
                 }
                 waited += wait_for_others(&found)?;
-                check_room(size, keep)?;
+                // Whole machine: MemAvailable moves between runs (a guest's page cache, slab); each
+                // run takes what is there above the reserve now, and is listed under the first figure.
+                let take = if args.sizes.is_empty() {
+                    page_floor(mem_available()?.saturating_sub(keep))
+                } else {
+                    size
+                };
+                check_room(take, keep)?;
                 if args.compact {
                     std::fs::write("/proc/sys/vm/compact_memory", "1").context("vm.compact_memory")?;
                     settle()?;
                 }
                 eprint!("{} {} run {}/{} … ", gib(size), v.name(), rep + 1, args.repeat);
                 let run = match v {
-                    Variant::Populate => populate_only(size, keep)?,
-                    Variant::PopulateAll => populate_all(size, keep)?,
-                    Variant::Fraglab => fraglab(size, &args, nr_orders, false)?,
-                    Variant::Whole => fraglab(size, &args, nr_orders, true)?,
-                    Variant::Naive => naive(size, keep, nr_orders)?,
+                    Variant::Populate => populate_only(take, keep, args.sizes.is_empty())?,
+                    Variant::PopulateAll => populate_all(take, keep, args.sizes.is_empty())?,
+                    Variant::Fraglab => fraglab(take, &args, nr_orders, false)?,
+                    Variant::Whole => fraglab(take, &args, nr_orders, true)?,
+                    Variant::Naive => naive(take, keep, nr_orders)?,
                 };
+                let run = Run { size, ..run };
                 let clean = watched()? == found;
                 eprintln!(
                     "{} s{}",

@@ -1,8 +1,9 @@
 //! Shape free memory into a target `/proc/buddyinfo` profile, hold it against compaction, release it.
 //!
-//! [`fragment::Fragmenter::start`] takes memory ([`arena`]), reads where it landed physically,
-//! chooses which pages to free so the buddy allocator is left with exactly the wanted free blocks
-//! ([`shape`]), and frees them. Sysctls go through a journal ([`sysctl`]) so they are restored on
+//! [`fragment::Fragmenter::start`] takes memory with one worker per CPU ([`populate`], [`arena`]),
+//! reads where it landed physically into a bitmap of the frames it owns ([`frames`]), chooses which
+//! pages to free so the buddy allocator is left with exactly the wanted free blocks ([`shape`]), and
+//! frees them. Sysctls go through a journal ([`sysctl`]) so they are restored on
 //! release, exit or signal, and by the next fraglab if this one was killed ([`instance`]). A holding
 //! fragmenter answers `status` and `release` on a Unix socket ([`control`]); one that holds while its
 //! caller runs workloads keeps its guard on a thread ([`hold`]). While holding, the keeper
