@@ -20,7 +20,8 @@
 //!   `populate-all` of that much;
 //! - `naive`: populate the same way, then `madvise(MADV_DONTNEED)` on every other page, one call per
 //!   page (munmap per page would split the mapping into one VMA per page and stop at
-//!   vm.max_map_count), then the same settle wait as fraglab.
+//!   vm.max_map_count), then the wait fraglab uses without PFNs: buddyinfo the same twice 200 ms
+//!   apart, or 3 s.
 //!
 //! After the tables: fraglab's median over each populate median, and with two sizes or more a
 //! least-squares line of each variant's medians (seconds = a + b × GiB, r²).
@@ -56,8 +57,13 @@ use memmap2::{MmapMut, MmapOptions};
 /// Populate in the same steps as the fragmenter, checking MemAvailable before each.
 const CHUNK: usize = 64 << 20;
 
-const WATCHED: [&str; 3] =
-    ["vm.compact_unevictable_allowed", "vm.percpu_pagelist_high_fraction", "vm.compaction_proactiveness"];
+/// What a fragmenter changes: the whole-machine variant also sets the DMA zone's lowmem reserve.
+const WATCHED: [&str; 4] = [
+    "vm.compact_unevictable_allowed",
+    "vm.percpu_pagelist_high_fraction",
+    "vm.compaction_proactiveness",
+    "vm.lowmem_reserve_ratio",
+];
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -275,7 +281,8 @@ fn buddy() -> Result<Vec<u64>> {
     Ok(totals(&BuddyInfo::read()?))
 }
 
-/// fraglab's own settle rule: buddyinfo stops changing for 200 ms, or 3 s pass.
+/// fraglab's settle rule without PFNs (no planned blocks to check): buddyinfo stops changing for
+/// 200 ms, or 3 s pass.
 fn settle() -> Result<Vec<u64>> {
     let deadline = Instant::now() + Duration::from_secs(3);
     let mut last = buddy()?;
@@ -406,13 +413,14 @@ fn populate_all(size: u64, keep: u64, upto: bool) -> Result<Run> {
         if handed < size && pool.idle() {
             let step = CHUNK.min((size - handed) as usize);
             if mem_available()? < keep + step as u64 + pool.in_flight_bytes() {
-                if !upto {
+                // What is in flight may not show in MemAvailable yet: take it in and look again;
+                // with nothing in flight the line is reached.
+                if pool.in_flight_bytes() == 0 {
+                    if upto {
+                        break;
+                    }
                     bail!("MemAvailable fell to the --keep line while populating; stopped");
                 }
-                if pool.in_flight_bytes() == 0 {
-                    break;
-                }
-                // What is in flight may not show in MemAvailable yet: take it in, then look again.
             } else {
                 pool.send(step);
                 handed += step as u64;
@@ -886,7 +894,11 @@ fn main() -> Result<()> {
                 } else {
                     size
                 };
-                check_room(take, keep)?;
+                // A size asked for must fit; a whole-machine take was just read from MemAvailable,
+                // which a second read would show a little either way.
+                if !args.sizes.is_empty() {
+                    check_room(take, keep)?;
+                }
                 if args.compact {
                     std::fs::write("/proc/sys/vm/compact_memory", "1").context("vm.compact_memory")?;
                     settle()?;

@@ -34,9 +34,9 @@ pub struct Arena {
 
 impl Arena {
     /// Map and fault in `bytes` more memory (rounded down to whole pages) on this thread: one
-    /// [`take`], as each worker of [`crate::populate`] does, without reading pagemap. Returns the pages added: 0 only when
-    /// `bytes` is less than a page, which a caller looping until it holds some figure must treat as
-    /// the end, not as a step.
+    /// [`take`], as each worker of [`crate::populate`] does, without reading pagemap. Returns the
+    /// pages added: 0 only when `bytes` is less than a page, which a caller looping until it holds
+    /// some figure must treat as the end, not as a step.
     pub fn populate(&mut self, bytes: usize) -> Result<usize> {
         if bytes < PAGE_SIZE {
             return Ok(0);
@@ -75,11 +75,23 @@ impl Arena {
     }
 
     /// The PFN of every page (0 where the kernel hides it: without CAP_SYS_ADMIN pagemap reports 0).
+    ///
+    /// The kernel walks the page tables as pagemap is read (~15 ms a GiB here), so the chunks are
+    /// read in one share per CPU.
     pub fn pfns(&self) -> Result<Vec<u64>> {
-        let pagemap = open_pagemap()?;
+        let share = self.chunks.len().div_ceil(crate::cpu::cpus().len()).max(1);
+        let parts: Vec<&[Chunk]> = self.chunks.chunks(share).collect();
+        let read = crate::cpu::each(&parts, false, |chunks| -> Result<Vec<u64>> {
+            let pagemap = open_pagemap()?;
+            let mut pfns = Vec::with_capacity(chunks.iter().map(|c| c.map.len() / PAGE_SIZE).sum());
+            for c in *chunks {
+                pfns.extend(map_pfns(&c.map, &pagemap)?);
+            }
+            Ok(pfns)
+        });
         let mut pfns = Vec::with_capacity(self.pages);
-        for c in &self.chunks {
-            pfns.extend(map_pfns(&c.map, &pagemap)?);
+        for part in read {
+            pfns.extend(part?);
         }
         Ok(pfns)
     }
@@ -104,26 +116,16 @@ impl Arena {
                 s = e;
             }
         }
+        if iovecs.is_empty() {
+            return Ok(());
+        }
         // Zapping pages is per-page work in the kernel (unmapping, uncharging, freeing to the
         // per-CPU lists): one thread a CPU, each on an equal share of the pages. Each is pinned to
         // its CPU, so the pages a later call frees on a CPU are the last that CPU's per-CPU list
         // saw: those stay there (up to its `high`) rather than in the buddy lists, and a budget's
-        // surplus, freed after the cut, pushes the cut's out on every CPU.
-        let cpus = crate::populate::cpus();
-        let parts = split_even(&iovecs, cpus.len());
-        std::thread::scope(|scope| {
-            let done: Vec<_> = parts
-                .iter()
-                .zip(&cpus)
-                .map(|(part, &cpu)| {
-                    scope.spawn(move || {
-                        crate::populate::pin(cpu);
-                        madvise_many(part, advice)
-                    })
-                })
-                .collect();
-            done.into_iter().try_for_each(|d| d.join().expect("a madvise worker panicked"))
-        })
+        // surplus, freed after the cut, pushes the cut's out on every CPU it reaches.
+        let parts = split_even(&iovecs, crate::cpu::cpus().len());
+        crate::cpu::each(&parts, true, |part| madvise_many(part, advice)).into_iter().collect()
     }
 
     /// Give back whole chunks from the end until at least `bytes` of resident memory are returned,
@@ -154,8 +156,13 @@ impl Arena {
 /// With `pagemap`, where each page landed is read right away, while the next chunk is being taken.
 pub fn take(bytes: usize, locked: bool, pagemap: Option<&std::fs::File>) -> Result<Taken> {
     let len = bytes / PAGE_SIZE * PAGE_SIZE;
-    let mut map = MmapOptions::new().len(len).map_anon().context("mmap of anonymous memory failed")?;
-    map.advise(memmap2::Advice::NoHugePage).context("madvise(MADV_NOHUGEPAGE)")?;
+    let mib = len >> 20;
+    let mut map = MmapOptions::new()
+        .len(len)
+        .map_anon()
+        .with_context(|| format!("mmap of {mib} MiB anonymous memory failed"))?;
+    map.advise(memmap2::Advice::NoHugePage)
+        .with_context(|| format!("madvise(MADV_NOHUGEPAGE) of {mib} MiB failed"))?;
     let ptr = map.as_mut_ptr();
     // nix has no mlock2(2); libc's binding is used as it is.
     // SAFETY: the range is exactly our fresh mapping.
@@ -164,7 +171,7 @@ pub fn take(bytes: usize, locked: bool, pagemap: Option<&std::fs::File>) -> Resu
     if unsafe { libc::madvise(ptr.cast(), len, libc::MADV_POPULATE_WRITE) } != 0 {
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EINVAL) {
-            return Err(err).context("madvise(MADV_POPULATE_WRITE)");
+            return Err(err).with_context(|| format!("madvise(MADV_POPULATE_WRITE) of {mib} MiB failed"));
         }
         // Before 5.14 there is no MADV_POPULATE_WRITE: touch every page instead.
         for off in (0..len).step_by(PAGE_SIZE) {
@@ -262,6 +269,7 @@ struct IoVec(libc::iovec);
 // SAFETY: an IoVec only names a range of the arena's mappings, which outlive the scoped threads
 // that advise on it; no thread dereferences the pointer, the kernel does.
 unsafe impl Send for IoVec {}
+// SAFETY: shared IoVecs are only read (copied into system call arguments), never written.
 unsafe impl Sync for IoVec {}
 
 /// process_madvise(2) takes up to UIO_MAXIOV ranges per call; on kernels before 6.13 it refuses

@@ -374,6 +374,7 @@ impl Fragmenter {
         // handed out only below `cap`, so the loop ends by then at the latest.
         let populated = loop {
             if stop.load(Ordering::Relaxed) {
+                pool.cancel();
                 while let Some(taken) = pool.recv() {
                     if let Ok(t) = taken {
                         arena.adopt(t.map);
@@ -403,12 +404,15 @@ impl Fragmenter {
         let buddyinfo_populated = BuddyInfo::read()?;
 
         progress(Progress::Cutting);
-        if plan.pin == Pin::None {
-            // Movable pages may have been migrated since their chunk was read (the first ones
-            // seconds ago): read where they are now. Locked pages stay put
-            // (vm.compact_unevictable_allowed = 0 was set before the first was taken).
-            pfns = arena.pfns()?;
-            owned = Frames::from_pfns(&pfns, region_order);
+        // Where every page is now: the first chunks were read seconds ago, and a page can have been
+        // migrated since — movable ones by compaction, even locked ones by contiguous allocations
+        // (CMA, gigantic huge pages). A stale frame would free the wrong page.
+        let now = arena.pfns()?;
+        let moved = pfns.iter().zip(&now).filter(|(was, is)| was != is).count();
+        if moved > 0 {
+            bounds.push(format!("pagemap: {moved} pages moved while populating; cut where they are now"));
+            owned = Frames::from_pfns(&now, region_order);
+            pfns = now;
         }
         let naive = pfns.iter().all(|&p| p == 0);
         let mut scale = 1.0;
@@ -466,8 +470,15 @@ impl Fragmenter {
         bounds.push(format!("settle: {settled}"));
         let mut leftover_pages = None;
         if let (None, Target::MaxFreeOrder { order, .. }) = (plan.budget, &plan.target) {
-            let Some((b, left, ended)) =
-                fill_leftovers(&mut fill, &mut journal, *order, fill_keeps(&plan), progress, stop)?
+            let Some((b, left, ended)) = fill_leftovers(
+                &mut fill,
+                &mut journal,
+                *order,
+                fill_keeps(&plan),
+                if plan.keep { Duration::from_millis(200) } else { Duration::from_secs(1) },
+                progress,
+                stop,
+            )?
             else {
                 return Err(stopped("filling the reserve's high-order blocks", arena, fill, journal));
             };
@@ -665,7 +676,8 @@ fn naive_cut(pages: usize, target: &Target, nr_orders: usize) -> Cut {
 }
 
 /// Without PFNs (naive cut, no planned blocks to check): wait for the per-CPU lists to drain into
-/// the buddy lists: buddyinfo stops changing, or 3 s pass. Returns the last buddyinfo and which of the two ended the wait; `None` when `stop` was set.
+/// the buddy lists: buddyinfo stops changing, or 3 s pass. Returns the last buddyinfo and which of
+/// the two ended the wait; `None` when `stop` was set.
 fn settle(stop: &AtomicBool) -> Result<Option<(BuddyInfo, String)>> {
     const BOUND: Duration = Duration::from_secs(3);
     let start = Instant::now();
@@ -781,8 +793,9 @@ pub fn fill_time_bound(most: u64) -> Duration {
 }
 
 /// Break up the high-order blocks still free after the cut with pipe pages, in steps, until none is
-/// left (seen twice, 200 ms apart: a block that forms later is the keeper's to take back, and
-/// waiting a second here cost every whole-machine run that second), MemAvailable
+/// left (seen twice, `second_look` apart: 200 ms when the keeper will take back a block that forms
+/// later, a second — past the vmstat worker's trim of the per-CPU lists — when it only watches),
+/// MemAvailable
 /// would fall below `keep` (the reserve: what the rest of the machine was promised — a reserve that
 /// is itself mostly high-order free blocks leaves the target unreached, and says so), a pipe cannot
 /// be had, or the time bound passes (60 s, and 2 s more for every GiB the fill may take). Returns
@@ -792,6 +805,7 @@ fn fill_leftovers(
     journal: &mut Journal,
     k: usize,
     keep: u64,
+    second_look: Duration,
     progress: &mut dyn FnMut(Progress),
     stop: &AtomicBool,
 ) -> Result<Option<(BuddyInfo, u64, String)>> {
@@ -824,7 +838,7 @@ fn fill_leftovers(
                 );
                 return Ok(Some((b, 0, ended(why, fill))));
             }
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(second_look);
             continue;
         }
         clean_checks = 0;
@@ -865,18 +879,18 @@ fn fill_leftovers(
 /// The kernel builds each /proc/kpageflags entry as it is read (~0.1 µs a frame, a look at 16 GiB
 /// cut takes ~0.4 s on one CPU), so the blocks are checked in one share per CPU.
 fn intact_blocks(at: &[(u64, usize)], nr_orders: usize) -> Result<Vec<u64>> {
-    let share = at.len().div_ceil(populate::workers()).max(1);
-    std::thread::scope(|scope| {
-        let parts: Vec<_> =
-            at.chunks(share).map(|part| scope.spawn(move || intact_in(part, nr_orders))).collect();
-        let mut intact = vec![0u64; nr_orders];
-        for part in parts {
-            for (sum, n) in intact.iter_mut().zip(part.join().expect("a kpageflags reader panicked")?) {
-                *sum += n;
-            }
+    debug_assert!(at.is_sorted(), "planned blocks are sorted once, after the cut");
+    // A share below a few thousand blocks costs more to start a thread for than to read.
+    let share = at.len().div_ceil(crate::cpu::cpus().len()).max(4096);
+    let mut intact = vec![0u64; nr_orders];
+    for part in
+        crate::cpu::each(&at.chunks(share).collect::<Vec<_>>(), false, |part| intact_in(part, nr_orders))
+    {
+        for (sum, n) in intact.iter_mut().zip(part?) {
+            *sum += n;
         }
-        Ok(intact)
-    })
+    }
+    Ok(intact)
 }
 
 fn intact_in(sorted: &[(u64, usize)], nr_orders: usize) -> Result<Vec<u64>> {

@@ -11,6 +11,7 @@
 
 pub mod arena;
 pub mod control;
+pub mod cpu;
 pub mod describe;
 pub mod fragment;
 pub mod frames;

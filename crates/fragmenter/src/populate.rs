@@ -1,46 +1,22 @@
 //! Taking memory with every CPU. Faulting in and zeroing pages is the fragmenter's largest cost, and
 //! one thread leaves every other CPU idle: a pool of workers, one per CPU, each maps, faults in (and
 //! locks) its own chunks and reads where they landed in pagemap, while the caller decides, chunk by
-//! chunk, whether to take more. Each worker's pages come from its own CPU's per-CPU lists and, with
-//! the default memory policy, its own NUMA node.
+//! chunk, whether to take more. A worker's pages come from the per-CPU lists of the CPU it runs on and,
+//! with the default memory policy, that CPU's NUMA node (workers are not pinned: a CPU busy with
+//! something else should not hold one back).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 
 use crate::arena::{open_pagemap, take, Taken};
 
 /// Workers: one per CPU this process may run on.
 pub fn workers() -> usize {
-    cpus().len()
-}
-
-/// The CPUs this process may run on (its affinity mask), at least one.
-pub fn cpus() -> Vec<usize> {
-    use nix::sched::{sched_getaffinity, CpuSet};
-    match sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
-        Ok(set) => {
-            let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect();
-            if cpus.is_empty() {
-                vec![0]
-            } else {
-                cpus
-            }
-        }
-        Err(_) => vec![0],
-    }
-}
-
-/// Keep the calling thread on `cpu`. Best effort: a CPU taken offline meanwhile leaves the thread
-/// where the scheduler puts it, which costs only the per-CPU-list ordering the pin was for.
-pub fn pin(cpu: usize) {
-    use nix::sched::{sched_setaffinity, CpuSet};
-    let mut set = CpuSet::new();
-    if set.set(cpu).is_ok() {
-        let _ = sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
-    }
+    crate::cpu::cpus().len()
 }
 
 /// Worker threads taking chunks of the sizes sent to them.
@@ -50,6 +26,8 @@ pub struct Pool {
     threads: Vec<JoinHandle<()>>,
     in_flight: usize,
     in_flight_bytes: u64,
+    /// Set once no more chunks are wanted: a job still queued comes back as an error, untaken.
+    cancelled: Arc<AtomicBool>,
 }
 
 impl Pool {
@@ -59,9 +37,10 @@ impl Pool {
         let (jobs, rx) = channel::<usize>();
         let rx = Arc::new(Mutex::new(rx));
         let (tx, results) = channel();
+        let cancelled = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::with_capacity(n);
         for i in 0..n.max(1) {
-            let (rx, tx) = (Arc::clone(&rx), tx.clone());
+            let (rx, tx, cancelled) = (Arc::clone(&rx), tx.clone(), Arc::clone(&cancelled));
             let pagemap = if pfns { Some(open_pagemap()?) } else { None };
             let t = std::thread::Builder::new()
                 .name(format!("populate-{i}"))
@@ -69,17 +48,33 @@ impl Pool {
                     // The lock is held only to take the next job, not while populating it.
                     let job = rx.lock().map_err(|_| ()).and_then(|rx| rx.recv().map_err(|_| ()));
                     let Ok(bytes) = job else { return };
-                    if tx.send((bytes, take(bytes, locked, pagemap.as_ref()))).is_err() {
+                    let taken = if cancelled.load(Ordering::Relaxed) {
+                        Err(anyhow!("cancelled before it was taken"))
+                    } else {
+                        // Every job is answered, even by a panic: the caller counts what is in
+                        // flight and waits for each one.
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            take(bytes, locked, pagemap.as_ref())
+                        }))
+                        .unwrap_or_else(|_| Err(anyhow!("a populating thread panicked")))
+                    };
+                    if tx.send((bytes, taken)).is_err() {
                         return;
                     }
                 })
                 .context("cannot start a populating thread")?;
             threads.push(t);
         }
-        Ok(Pool { jobs: Some(jobs), results, threads, in_flight: 0, in_flight_bytes: 0 })
+        Ok(Pool { jobs: Some(jobs), results, threads, in_flight: 0, in_flight_bytes: 0, cancelled })
     }
 
-    /// Whether a worker is free for another chunk.
+    /// Take no more: jobs still queued come back as errors at once, chunks being taken are finished.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether another chunk may be handed out: two in flight per worker, so none waits for the
+    /// caller between chunks.
     pub fn idle(&self) -> bool {
         self.in_flight < 2 * self.threads.len()
     }
@@ -112,8 +107,10 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        // Closing the job channel ends every worker once it is done with its chunk; a chunk taken
-        // and never received is unmapped when its result is dropped with the channel.
+        // Queued jobs are answered untaken; closing the job channel then ends every worker once it
+        // is done with the chunk it is on. A chunk taken and never received is unmapped when its
+        // result is dropped with the channel.
+        self.cancel();
         self.jobs.take();
         for t in self.threads.drain(..) {
             let _ = t.join();

@@ -109,6 +109,7 @@ impl Regions {
 /// DMA32, which 32-bit DMA devices need), and the lowest of them takes the remainder.
 pub fn max_free_order(pfns: &[u64], owned: &Frames, k: usize, free_pages: u64, nr_orders: usize) -> Cut {
     assert!(k >= 1 && k < nr_orders, "max free order {k} outside 1..{nr_orders}: resolve the plan first");
+    assert_eq!(owned.order(), k, "the frame set must count regions of the cut's order");
     let region = 1u64 << k;
     let per_region = region - 1;
     let mut starts: Vec<u64> =
@@ -149,8 +150,7 @@ pub fn max_free_order(pfns: &[u64], owned: &Frames, k: usize, free_pages: u64, n
             continue;
         }
         // The block an offset falls in is the buddy of order ⌊log2 offset⌋ of the region's first page.
-        let freed =
-            offset != 0 && (Some(start) != partial || rest & (1 << (63 - offset.leading_zeros())) != 0);
+        let freed = offset != 0 && (Some(start) != partial || rest & (1 << offset.ilog2()) != 0);
         if freed {
             runs.push(i);
         }
