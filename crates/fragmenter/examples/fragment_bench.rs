@@ -375,7 +375,7 @@ fn check_no_fraglab_holding() -> Result<()> {
 /// Populate `size` on this thread. With `upto` (whole machine), stop where fraglab stops, at a step
 /// that MemAvailable cannot give above `keep`; otherwise that is an error.
 fn populate_only(size: u64, keep: u64, upto: bool) -> Result<Run> {
-    let mut run = Run::new(Variant::Populate, size, buddy()?);
+    let run = Run::new(Variant::Populate, size, buddy()?);
     let t0 = Instant::now();
     let mut arena = Arena::default();
     while arena.bytes() < size {
@@ -388,6 +388,11 @@ fn populate_only(size: u64, keep: u64, upto: bool) -> Result<Run> {
         }
         arena.populate(step)?;
     }
+    populated(run, t0, arena)
+}
+
+/// A populate-only run's record once `arena` holds what it took since `t0`; the release is timed.
+fn populated(mut run: Run, t0: Instant, arena: Arena) -> Result<Run> {
     run.populate = t0.elapsed();
     run.total = run.populate;
     run.taken = arena.bytes();
@@ -404,7 +409,7 @@ fn populate_only(size: u64, keep: u64, upto: bool) -> Result<Run> {
 /// Populate only, with fraglab's pool of one worker per CPU (no pagemap read, no lock): the physical
 /// limit of taking the memory with the whole machine.
 fn populate_all(size: u64, keep: u64, upto: bool) -> Result<Run> {
-    let mut run = Run::new(Variant::PopulateAll, size, buddy()?);
+    let run = Run::new(Variant::PopulateAll, size, buddy()?);
     let t0 = Instant::now();
     let mut arena = Arena::default();
     let mut pool = Pool::new(populate::workers(), false, false)?;
@@ -435,17 +440,7 @@ fn populate_all(size: u64, keep: u64, upto: bool) -> Result<Run> {
         }
     }
     drop(pool);
-    run.populate = t0.elapsed();
-    run.total = run.populate;
-    run.taken = arena.bytes();
-    run.populated = buddy()?;
-    run.after = run.populated.clone();
-    run.pcp_populated = pcp_pages()?;
-    run.pcp_after = run.pcp_populated;
-    let t = Instant::now();
-    drop(arena);
-    run.release = t.elapsed();
-    Ok(run)
+    populated(run, t0, arena)
 }
 
 fn fraglab(size: u64, args: &Args, nr_orders: usize, whole: bool) -> Result<Run> {
