@@ -470,15 +470,8 @@ impl Fragmenter {
         bounds.push(format!("settle: {settled}"));
         let mut leftover_pages = None;
         if let (None, Target::MaxFreeOrder { order, .. }) = (plan.budget, &plan.target) {
-            let Some((b, left, ended)) = fill_leftovers(
-                &mut fill,
-                &mut journal,
-                *order,
-                fill_keeps(&plan),
-                if plan.keep { Duration::from_millis(200) } else { Duration::from_secs(1) },
-                progress,
-                stop,
-            )?
+            let Some((b, left, ended)) =
+                fill_leftovers(&mut fill, &mut journal, *order, fill_keeps(&plan), progress, stop)?
             else {
                 return Err(stopped("filling the reserve's high-order blocks", arena, fill, journal));
             };
@@ -520,25 +513,25 @@ impl Fragmenter {
         let mut f = Fragmenter { plan, arena, journal, cut, kept, fill, keeper, status };
         // The hold's first look: its record starts with the hold.
         f.keep_now()?;
-        match intact {
-            // Just checked, block by block: a second read of /proc/kpageflags would say the same.
-            Some(intact) => {
-                f.status.intact = intact;
-                f.status.moved_pages = moved_pages(&f.arena, &f.kept)?;
-                f.status.keeping = Some(f.keeper.status());
-            }
-            None => {
-                f.refresh()?;
-            }
-        }
+        // What settle just checked block by block needs no second read of /proc/kpageflags; after a
+        // fill it does.
+        f.refresh_with(intact)?;
         Ok(f)
     }
 
     /// Re-read buddyinfo, which planned blocks are still free, and which held pages moved.
     pub fn refresh(&mut self) -> Result<&Status> {
+        self.refresh_with(None)
+    }
+
+    /// [`Fragmenter::refresh`], taking `intact` as given when it was just checked.
+    fn refresh_with(&mut self, intact: Option<Vec<u64>>) -> Result<&Status> {
         self.status.buddyinfo_now = BuddyInfo::read()?;
         if !self.status.naive && self.arena.pages() > 0 {
-            self.status.intact = intact_blocks(&self.cut.at, self.plan.nr_orders)?;
+            self.status.intact = match intact {
+                Some(intact) => intact,
+                None => intact_blocks(&self.cut.at, self.plan.nr_orders)?,
+            };
             self.status.moved_pages = moved_pages(&self.arena, &self.kept)?;
         }
         self.status.keeping = Some(self.keeper.status());
@@ -793,19 +786,17 @@ pub fn fill_time_bound(most: u64) -> Duration {
 }
 
 /// Break up the high-order blocks still free after the cut with pipe pages, in steps, until none is
-/// left (seen twice, `second_look` apart: 200 ms when the keeper will take back a block that forms
-/// later, a second — past the vmstat worker's trim of the per-CPU lists — when it only watches),
-/// MemAvailable
-/// would fall below `keep` (the reserve: what the rest of the machine was promised — a reserve that
-/// is itself mostly high-order free blocks leaves the target unreached, and says so), a pipe cannot
-/// be had, or the time bound passes (60 s, and 2 s more for every GiB the fill may take). Returns
+/// left (seen twice, a second apart, since freed pages drain from per-CPU lists late: a 200 ms gap
+/// was tried, and the test run after it had an A/B's first SCTP window find an order-4 and an
+/// order-5 block in DMA32 and say could not test), MemAvailable would fall below `keep` (the reserve: what the rest of the machine was promised — a
+/// reserve that is itself mostly high-order free blocks leaves the target unreached, and says so), a
+/// pipe cannot be had, or the time bound passes (60 s, and 2 s more for every GiB the fill may take). Returns
 /// the last buddyinfo, the leftover pages and which of those ended it; `None` when `stop` was set.
 fn fill_leftovers(
     fill: &mut PipeFill,
     journal: &mut Journal,
     k: usize,
     keep: u64,
-    second_look: Duration,
     progress: &mut dyn FnMut(Progress),
     stop: &AtomicBool,
 ) -> Result<Option<(BuddyInfo, u64, String)>> {
@@ -838,7 +829,7 @@ fn fill_leftovers(
                 );
                 return Ok(Some((b, 0, ended(why, fill))));
             }
-            std::thread::sleep(second_look);
+            std::thread::sleep(Duration::from_secs(1));
             continue;
         }
         clean_checks = 0;

@@ -112,6 +112,11 @@ pub fn surfaced(f: &crate::tracefs::AllocFailure) -> bool {
     classify(f.order, &f.gfp_flags, &f.stack).outcome == Outcome::Surfaced
 }
 
+/// Whether a failure the kernel log reported surfaced, as [`surfaced`] says of a caught one.
+pub fn surfaced_in_log(f: &crate::kmsg::AllocFailureReport) -> bool {
+    classify(f.order, f.gfp_flags(), &f.stack).outcome == Outcome::Surfaced
+}
+
 fn fell_back(instead: &'static str) -> Classified {
     Classified { outcome: Outcome::FellBack, fallback: Some(instead) }
 }

@@ -103,6 +103,13 @@ pub struct AllocFailureReport {
     pub notes: Vec<String>,
 }
 
+impl AllocFailureReport {
+    /// The gfp flag names the report logged; none when its mode was cut off.
+    pub fn gfp_flags(&self) -> &[String] {
+        self.gfp.as_ref().map_or(&[], |g| &g.flags)
+    }
+}
+
 /// The longest name `current->comm` can hold (TASK_COMM_LEN 16, with its NUL).
 pub const COMM_MAX: usize = 15;
 

@@ -587,7 +587,6 @@ fn verdict(
     failures: &[fraglab_probe::tracefs::AllocFailure],
     kernel_log: &[KmsgEvent],
 ) -> (Verdict, String) {
-    use fraglab_probe::fallback::{classify, Outcome};
     let default_errnos = ["ENOMEM".to_string(), "ENOBUFS".to_string()];
     let errnos: &[String] = if expect.errno.is_empty() { &default_errnos } else { &expect.errno };
     for e in errnos {
@@ -646,10 +645,7 @@ fn verdict(
     let logged = kernel_log
         .iter()
         .filter(|e| match e {
-            KmsgEvent::AllocFailure(f) if f.order >= min_order => {
-                let flags = f.gfp.as_ref().map_or(&[][..], |g| &g.flags[..]);
-                classify(f.order, flags, &f.stack).outcome == Outcome::Surfaced
-            }
+            KmsgEvent::AllocFailure(f) => f.order >= min_order && fraglab_probe::fallback::surfaced_in_log(f),
             _ => false,
         })
         .count();

@@ -28,8 +28,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(600);
 const ASKED_S: f64 = 60.0;
 /// The sysctl the configs' sweep sets (to 1), and the ones any fraglab run may change.
 const SWEPT: &str = "net.core.high_order_alloc_disable";
-const SYSCTLS: [&str; 6] = [
-    "vm.extfrag_threshold",
+const SYSCTLS: [&str; 5] = [
     "vm.compact_unevictable_allowed",
     "vm.compaction_proactiveness",
     "vm.percpu_pagelist_high_fraction",

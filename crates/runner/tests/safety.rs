@@ -29,9 +29,8 @@ const GIB: u64 = 1 << 30;
 const LOCK_WAIT: Duration = Duration::from_secs(600);
 
 /// Every sysctl fraglab may change: the fragmenter's and the triggers'.
-const SYSCTLS: [&str; 8] = [
+const SYSCTLS: [&str; 7] = [
     "vm.percpu_pagelist_high_fraction",
-    "vm.extfrag_threshold",
     "vm.lowmem_reserve_ratio",
     "vm.compact_unevictable_allowed",
     "vm.compaction_proactiveness",

@@ -608,8 +608,7 @@ fn whole_machine_max_free_order_4_holds_through_compact_memory() {
 fn whole_machine_in_odd_sized_guests_holds_and_releases() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const SYSCTLS: &str = "/proc/sys/vm/percpu_pagelist_high_fraction /proc/sys/vm/lowmem_reserve_ratio \
-                           /proc/sys/vm/compact_unevictable_allowed /proc/sys/fs/pipe-max-size \
-                           /proc/sys/vm/extfrag_threshold";
+                           /proc/sys/vm/compact_unevictable_allowed /proc/sys/fs/pipe-max-size";
     for (mem, polls, huge) in [("777M", 0, 3), ("1000M", 3, 5), ("1234M", 8, 9)] {
         let dir = scratch(&format!("odd-{mem}"));
         let script = dir.join("odd.sh");

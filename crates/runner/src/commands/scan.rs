@@ -188,10 +188,7 @@ pub fn scan(text: &str, name: &str) -> ScanReport {
         })
         .collect();
     r.by_caller = group_by_caller(reports.iter().map(|a| (a.order, &a.stack[..])));
-    const NO_FLAGS: &[String] = &[];
-    r.by_outcome = grouped(
-        reports.iter().map(|a| (a.order, a.gfp.as_ref().map_or(NO_FLAGS, |g| &g.flags[..]), &a.stack[..])),
-    );
+    r.by_outcome = grouped(reports.iter().map(|a| (a.order, a.gfp_flags(), &a.stack[..])));
     r
 }
 

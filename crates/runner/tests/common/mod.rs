@@ -138,9 +138,8 @@ pub fn command(run_dir: &Path) -> Command {
 }
 
 /// Every sysctl the fragmenter may change.
-pub const FRAGMENTER_SYSCTLS: [&str; 6] = [
+pub const FRAGMENTER_SYSCTLS: [&str; 5] = [
     "vm.percpu_pagelist_high_fraction",
-    "vm.extfrag_threshold",
     "vm.lowmem_reserve_ratio",
     "vm.compact_unevictable_allowed",
     "vm.compaction_proactiveness",
