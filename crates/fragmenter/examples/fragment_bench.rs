@@ -412,7 +412,7 @@ fn populate_all(size: u64, keep: u64, upto: bool) -> Result<Run> {
     let run = Run::new(Variant::PopulateAll, size, buddy()?);
     let t0 = Instant::now();
     let mut arena = Arena::default();
-    let mut pool = Pool::new(populate::workers(), false, false)?;
+    let mut pool = Pool::new(populate::workers(), false, false, None)?;
     let mut handed = 0u64;
     loop {
         if handed < size && pool.idle() {
@@ -463,6 +463,7 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize, whole: bool) -> Result<Run>
         no_proactive_compaction: false,
         nr_orders,
         keep: true,
+        place: Default::default(),
     };
     let mut run = Run::new(if whole { Variant::Whole } else { Variant::Fraglab }, size, buddy()?);
     // fraglab has shrunk the per-CPU lists by the time it has populated; this is the count before.

@@ -41,7 +41,7 @@ impl Arena {
         if bytes < PAGE_SIZE {
             return Ok(0);
         }
-        Ok(self.adopt(take(bytes, self.locked, None)?.map))
+        Ok(self.adopt(take(bytes, self.locked, None, None)?.map))
     }
 
     /// Hold a mapping [`take`] made; returns its pages.
@@ -154,7 +154,8 @@ impl Arena {
 /// the pages are mlocked as they fault in (MLOCK_ONFAULT: one pass over the range, where mlock
 /// after populating walks it twice and moves every page to the unevictable list a second time).
 /// With `pagemap`, where each page landed is read right away, while the next chunk is being taken.
-pub fn take(bytes: usize, locked: bool, pagemap: Option<&std::fs::File>) -> Result<Taken> {
+/// With `bind`, the mapping is bound to that NUMA node before a page faults in.
+pub fn take(bytes: usize, locked: bool, pagemap: Option<&std::fs::File>, bind: Option<u32>) -> Result<Taken> {
     let len = bytes / PAGE_SIZE * PAGE_SIZE;
     let mib = len >> 20;
     let mut map = MmapOptions::new()
@@ -164,6 +165,9 @@ pub fn take(bytes: usize, locked: bool, pagemap: Option<&std::fs::File>) -> Resu
     map.advise(memmap2::Advice::NoHugePage)
         .with_context(|| format!("madvise(MADV_NOHUGEPAGE) of {mib} MiB failed"))?;
     let ptr = map.as_mut_ptr();
+    if let Some(node) = bind {
+        mbind(ptr, len, node).with_context(|| format!("mbind of {mib} MiB to node {node} failed"))?;
+    }
     // nix has no mlock2(2); libc's binding is used as it is.
     // SAFETY: the range is exactly our fresh mapping.
     let locked_on_fault = locked && unsafe { libc::mlock2(ptr.cast(), len, libc::MLOCK_ONFAULT) } == 0;
@@ -187,6 +191,26 @@ pub fn take(bytes: usize, locked: bool, pagemap: Option<&std::fs::File>) -> Resu
         None => Vec::new(),
     };
     Ok(Taken { map, pfns })
+}
+
+/// Bind `[ptr, ptr + len)` to `node` (MPOL_BIND): its pages come from that node or the fault fails.
+///
+/// Neither nix nor libc wraps mbind(2) (libnuma does, in C); the raw syscall takes a node bitmap of
+/// `maxnode` bits, one past the last it reads.
+fn mbind(ptr: *mut u8, len: usize, node: u32) -> std::io::Result<()> {
+    let node = node as usize;
+    let mut mask = vec![0 as libc::c_ulong; node / 64 + 1];
+    mask[node / 64] |= 1 << (node % 64);
+    let maxnode = mask.len() * 64 + 1;
+    // SAFETY: the range is exactly a fresh mapping of ours; the mask outlives the call and holds
+    // `maxnode - 1` bits.
+    let r = unsafe {
+        libc::syscall(libc::SYS_mbind, ptr, len, libc::MPOL_BIND, mask.as_ptr(), maxnode, 0 as libc::c_uint)
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// One mapping [`take`] made, and the frame of each of its pages as pagemap showed them right after

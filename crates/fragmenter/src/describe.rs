@@ -21,9 +21,14 @@ pub fn target(t: &Target) -> String {
             order_size(*order),
             format_size(*free_bytes)
         ),
-        Target::Profile { zone, free } => format!(
+        Target::Profile { node, zone, free } => format!(
             "profile{}: free blocks per order {} ({} free)",
-            zone.as_deref().map(|z| format!(" of zone {z}")).unwrap_or_default(),
+            match (node, zone) {
+                (Some(n), Some(z)) => format!(" of Node {n}, zone {z}"),
+                (Some(n), None) => format!(" of node {n}"),
+                (None, Some(z)) => format!(" of zone {z}"),
+                (None, None) => String::new(),
+            },
             counts(free),
             format_size(profile_free_bytes(free))
         ),
@@ -108,6 +113,34 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
         ),
     };
     lines.push(("take", take));
+    if let Some(b) = &plan.place.bind {
+        lines.push((
+            "node",
+            format!(
+                "{} only: every chunk is bound to it (MPOL_BIND) and pagemap must show every page there; \
+                 populating stops while the node still has {} free (its share of the reserve)",
+                b.node,
+                format_size(b.keep)
+            ),
+        ));
+    }
+    if let Some(z) = &plan.place.zone {
+        lines.push((
+            "zone",
+            format!(
+                "{} (frames {}–{}): the cut frees pages there only; pages taken elsewhere are {}",
+                z.label(),
+                z.start,
+                z.end - 1,
+                if plan.budget.is_some() {
+                    "given back"
+                } else {
+                    "held like the rest of the machine (a lower zone's profile needs the zones above it \
+                     exhausted: the allocator reaches into it only then)"
+                }
+            ),
+        ));
+    }
     if let Target::Profile { free, .. } = &plan.target {
         lines.push(("profile", profile_fit(free, plan.budget, takeable)));
     }
@@ -303,6 +336,7 @@ mod tests {
             no_proactive_compaction: false,
             nr_orders: 11,
             keep: true,
+            place: Default::default(),
         }
     }
 
@@ -316,7 +350,7 @@ mod tests {
     fn no_debug_formatting() {
         let targets = [
             Target::MaxFreeOrder { order: 3, free_bytes: 21_295_009_792 },
-            Target::Profile { zone: Some("Normal".into()), free: SEED_000.to_vec() },
+            Target::Profile { node: None, zone: Some("Normal".into()), free: SEED_000.to_vec() },
         ];
         for t in targets {
             for b in [None, Some(128 << 20)] {
@@ -332,7 +366,8 @@ mod tests {
     fn pipe_fill_is_promised_only_for_whole_machine_max_free_order() {
         let mfo = text(&plan(Target::MaxFreeOrder { order: 3, free_bytes: 1 << 30 }, None), 24 << 30);
         assert!(mfo.contains("pipe pages") && mfo.contains("order ≥ 3 still free in the reserve"), "{mfo}");
-        let prof = text(&plan(Target::Profile { zone: None, free: vec![512, 97, 12] }, None), 24 << 30);
+        let prof =
+            text(&plan(Target::Profile { node: None, zone: None, free: vec![512, 97, 12] }, None), 24 << 30);
         assert!(prof.contains("no pipe fill for a profile target"), "{prof}");
         assert!(!prof.contains("then pipe pages"), "{prof}");
         let budget =
@@ -343,13 +378,17 @@ mod tests {
     #[test]
     fn a_profile_scaled_to_the_budget_says_from_what_to_what() {
         // 82430 pages needed (≈ 322 MiB); 128 MiB is 32768 pages: factor 0.3975.
-        let s =
-            text(&plan(Target::Profile { zone: None, free: SEED_000.to_vec() }, Some(128 << 20)), 24 << 30);
+        let s = text(
+            &plan(Target::Profile { node: None, zone: None, free: SEED_000.to_vec() }, Some(128 << 20)),
+            24 << 30,
+        );
         let (scaled, f) = scale_profile(&SEED_000, 32768);
         assert!(s.contains(&format!("SCALED by {f:.4} to fit the 128.00 MiB budget")), "{s}");
         assert!(s.contains(&format!("{} → {}", counts(&SEED_000), counts(&scaled))), "{s}");
-        let fits =
-            text(&plan(Target::Profile { zone: None, free: SEED_000.to_vec() }, Some(512 << 20)), 24 << 30);
+        let fits = text(
+            &plan(Target::Profile { node: None, zone: None, free: SEED_000.to_vec() }, Some(512 << 20)),
+            24 << 30,
+        );
         assert!(fits.contains("fits unscaled") && !fits.contains("SCALED"), "{fits}");
     }
 
@@ -373,7 +412,7 @@ mod tests {
 
     #[test]
     fn a_scaled_status_names_both_profiles() {
-        let t = Target::Profile { zone: None, free: vec![10, 4] };
+        let t = Target::Profile { node: None, zone: None, free: vec![10, 4] };
         let s = scaled_profile(&t, 0.5, Some(1 << 20), &[4, 2], &[1, 0]).unwrap();
         assert!(s.contains("10 4 → 5 2") && s.contains("the 1.00 MiB budget"), "{s}");
         assert!(scaled_profile(&t, 1.0, None, &[10, 4], &[0, 0]).is_none());

@@ -49,6 +49,53 @@ pub struct Plan {
     /// holding (`keeper`). Without it the keeper only watches.
     #[serde(default = "keep_by_default")]
     pub keep: bool,
+    /// Where the memory must come from: a NUMA node, a zone.
+    #[serde(default)]
+    pub place: Place,
+}
+
+/// Where a plan's memory must come from (`--node`, a profile's `Node 1, zone Normal`), resolved
+/// against this machine's zoneinfo.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Place {
+    /// Take memory on this node only (budget mode).
+    pub bind: Option<Bind>,
+    /// Cut only in this zone's frames. Pages taken outside it are held (whole machine: the zones
+    /// above must stay exhausted for the allocator to reach this one) or given back (budget).
+    pub zone: Option<ZoneSpan>,
+}
+
+/// A budget bound to one NUMA node: every chunk is mbind(2)ed MPOL_BIND before it faults in, so a
+/// page comes from the node or not at all.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    pub node: u32,
+    /// Free bytes the node keeps: a bound allocation that finds the node at its watermark reclaims
+    /// there and then calls the OOM killer rather than go to another node, so populating stops while
+    /// this much is still free on it.
+    pub keep: u64,
+    /// The frames of the node's zones, `[start, end)`: where pagemap must show every page landed.
+    pub spans: Vec<(u64, u64)>,
+}
+
+/// One zone's frames, `[start, end)`, and its name as buddyinfo prints it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZoneSpan {
+    pub node: u32,
+    pub zone: String,
+    pub start: u64,
+    pub end: u64,
+}
+
+impl ZoneSpan {
+    /// `Node 1, zone DMA32`.
+    pub fn label(&self) -> String {
+        format!("Node {}, zone {}", self.node, self.zone)
+    }
+
+    pub fn contains(&self, pfn: u64) -> bool {
+        (self.start..self.end).contains(&pfn)
+    }
 }
 
 fn keep_by_default() -> bool {
@@ -285,6 +332,19 @@ fn next_chunk(
             mib(keep)
         )));
     }
+    if let Some(b) = &plan.place.bind {
+        let free = ZoneInfo::read()?.node_free_pages(b.node) * PAGE_SIZE as u64;
+        if free < b.keep + step + in_flight {
+            return Ok(Next::Enough(format!(
+                "stopped at {}: node {} has {} free, no {} step above the {} it keeps",
+                mib(taken),
+                b.node,
+                mib(free),
+                mib(step),
+                mib(b.keep)
+            )));
+        }
+    }
     // Past the budget, memory is taken only to find whole regions: from free memory, never by
     // making the kernel reclaim other processes' page cache for it.
     if plan.budget.is_some() && taken >= total && m.mem_free < keep + step + in_flight {
@@ -359,8 +419,9 @@ impl Fragmenter {
             arena.lock()?;
         }
         let region_order = plan.region_order();
+        let bind = plan.place.bind.as_ref();
         let mut bounds = Vec::new();
-        let small_free = small_movable_free_bytes(&PageTypeInfo::read()?, region_order);
+        let small_free = small_movable_free_bytes(&PageTypeInfo::read()?, region_order, bind.map(|b| b.node));
         // What populating never takes: the reserve, and a margin above a floor set over it, or the
         // hold would begin below the floor and the guard give the target up at once.
         let keep = fill_keeps(&plan);
@@ -369,7 +430,7 @@ impl Fragmenter {
         // region search's measure, kept as chunks come in rather than re-read.
         let mut owned = Frames::new(region_order);
         let mut pfns: Vec<u64> = Vec::new();
-        let mut pool = Pool::new(populate::workers(), plan.pin == Pin::Mlock, true)?;
+        let mut pool = Pool::new(populate::workers(), plan.pin == Pin::Mlock, true, bind.map(|b| b.node))?;
         // Every pass hands out a chunk, takes one in, or ends with nothing in flight; chunks are
         // handed out only below `cap`, so the loop ends by then at the latest.
         let populated = loop {
@@ -414,6 +475,43 @@ impl Fragmenter {
             owned = Frames::from_pfns(&now, region_order);
             pfns = now;
         }
+        if let Some(b) = bind {
+            let off: usize = pfns
+                .iter()
+                .filter(|&&p| p != 0 && !b.spans.iter().any(|&(s, e)| (s..e).contains(&p)))
+                .count();
+            if off > 0 {
+                let e = anyhow::anyhow!(
+                    "{off} of {} pages landed outside node {} although every chunk was bound to it \
+                     (MPOL_BIND): the node's zones in /proc/zoneinfo do not cover them; gave everything back",
+                    pfns.len(),
+                    b.node
+                );
+                return Err(stopped("checking the node", arena, fill, journal).context(e));
+            }
+            bounds.push(format!(
+                "bind: all {} pages on node {} (pagemap against its zones' spans)",
+                pfns.len(),
+                b.node
+            ));
+        }
+        // A zone target is cut in that zone only: pages elsewhere are not the cut's (frame 0: none).
+        let mut in_zone = std::borrow::Cow::Borrowed(&pfns);
+        if let Some(z) = &plan.place.zone {
+            let outside = pfns.iter().filter(|&&p| p != 0 && !z.contains(p)).count();
+            if outside > 0 {
+                bounds.push(format!(
+                    "zone: {} of {} taken outside {}: {}, not cut",
+                    mib(outside as u64 * PAGE_SIZE as u64),
+                    mib(pfns.len() as u64 * PAGE_SIZE as u64),
+                    z.label(),
+                    if plan.budget.is_some() { "given back" } else { "held" }
+                ));
+                let masked: Vec<u64> = pfns.iter().map(|&p| if z.contains(p) { p } else { 0 }).collect();
+                owned = Frames::from_pfns(&masked, region_order);
+                in_zone = std::borrow::Cow::Owned(masked);
+            }
+        }
         let naive = pfns.iter().all(|&p| p == 0);
         let mut scale = 1.0;
         let mut cut = if naive {
@@ -421,7 +519,7 @@ impl Fragmenter {
         } else {
             match &plan.target {
                 Target::MaxFreeOrder { order, free_bytes } => shape::max_free_order(
-                    &pfns,
+                    &in_zone,
                     &owned,
                     *order,
                     free_bytes / PAGE_SIZE as u64,
@@ -435,7 +533,7 @@ impl Fragmenter {
                         .map_or(arena.pages() as u64, |b| (b / PAGE_SIZE as u64).min(arena.pages() as u64));
                     let (scaled, f) = shape::scale_profile(free, fit);
                     scale = f;
-                    shape::profile(&pfns, &scaled, plan.nr_orders)
+                    shape::profile(&in_zone, &scaled, plan.nr_orders)
                 }
             }
         };
@@ -455,6 +553,7 @@ impl Fragmenter {
         let kept = kept_pages(&pfns, &cut, plan.budget.is_some());
         // One u64 per page taken, and the frame bitmap: freed now so their pages do not become a
         // free high-order block after the last check (measured in a 1 GiB guest).
+        drop(in_zone);
         drop(pfns);
         drop(owned);
 
@@ -921,14 +1020,14 @@ pub fn check_order(order: usize, nr_orders: usize) -> Result<()> {
     Ok(())
 }
 
-/// Free memory in Movable blocks below `order` outside the DMA zone: what the kernel hands the
+/// Free memory in Movable blocks below `order` outside the DMA zone (on `node`, when bound): what the kernel hands the
 /// fragmenter's (movable) page faults before any whole aligned region of that order, since it takes
 /// the smallest free block of the asked migratetype first and falls back to other types only when
 /// none is left. pagetypeinfo prints at most 100000 blocks a list, so this can undercount.
-fn small_movable_free_bytes(p: &PageTypeInfo, order: usize) -> u64 {
+fn small_movable_free_bytes(p: &PageTypeInfo, order: usize, node: Option<u32>) -> u64 {
     p.free
         .iter()
-        .filter(|m| m.migratetype == "Movable" && m.zone != "DMA")
+        .filter(|m| m.migratetype == "Movable" && m.zone != "DMA" && node.is_none_or(|n| m.node == n))
         .flat_map(|m| m.free.iter().take(order).enumerate().map(|(o, &n)| n << o))
         .sum::<u64>()
         * PAGE_SIZE as u64

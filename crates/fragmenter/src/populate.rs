@@ -32,8 +32,8 @@ pub struct Pool {
 
 impl Pool {
     /// `n` workers; with `locked` every page is mlocked as it faults in, with `pfns` each chunk's
-    /// frames are read from pagemap.
-    pub fn new(n: usize, locked: bool, pfns: bool) -> Result<Self> {
+    /// frames are read from pagemap, with `bind` every chunk's pages come from that NUMA node.
+    pub fn new(n: usize, locked: bool, pfns: bool, bind: Option<u32>) -> Result<Self> {
         let (jobs, rx) = channel::<usize>();
         let rx = Arc::new(Mutex::new(rx));
         let (tx, results) = channel();
@@ -54,7 +54,7 @@ impl Pool {
                         // Every job is answered, even by a panic: the caller counts what is in
                         // flight and waits for each one.
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            take(bytes, locked, pagemap.as_ref())
+                            take(bytes, locked, pagemap.as_ref(), bind)
                         }))
                         .unwrap_or_else(|_| Err(anyhow!("a populating thread panicked")))
                     };

@@ -12,10 +12,22 @@ pub enum Target {
     MaxFreeOrder { order: usize, free_bytes: u64 },
     /// Reproduce these free-block counts per order (index = order), as read from a bug report.
     Profile {
+        /// The NUMA node the line came from (`Node 1, zone Normal …`), when the line said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<u32>,
         /// The zone the line came from (`Normal`), when the line said.
         zone: Option<String>,
         free: Vec<u64>,
     },
+}
+
+/// A pasted profile line, read: where it came from when it says, and its counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProfileLine {
+    /// `Node 1, zone Normal …` and `Node 1 Normal: …` say; a non-NUMA kernel's `Normal: …` does not.
+    pub node: Option<u32>,
+    pub zone: Option<String>,
+    pub free: Vec<u64>,
 }
 
 /// Parse a profile as a user pastes it from a bug report.
@@ -28,15 +40,15 @@ pub enum Target {
 /// Either as the log has it: with dmesg's `[ 2161.781102] ` or `<4>`, a syslog or journal prefix,
 /// a caller-id column or a mail's `> ` (the same prefixes `fraglab scan` takes off), and a line a
 /// mail client wrapped pasted as its pieces, each with its own prefix.
-pub fn parse_profile(text: &str) -> Result<(Option<String>, Vec<u64>), String> {
+pub fn parse_profile(text: &str) -> Result<ProfileLine, String> {
     let text: Vec<String> = text
         .lines()
         .map(|l| split_log_line(strip_mail_quote(l)).message.trim().to_string())
         .filter(|l| !l.is_empty())
         .collect();
-    let (zone, free) = parse_profile_counts(&text.join(" "))?;
-    plausible(&free)?;
-    Ok((zone, free))
+    let line = parse_profile_counts(&text.join(" "))?;
+    plausible(&line.free)?;
+    Ok(line)
 }
 
 /// Counts no machine has (they would overflow the page arithmetic) are a bad paste, not a target.
@@ -55,14 +67,14 @@ pub fn plausible(free: &[u64]) -> Result<(), String> {
     Ok(())
 }
 
-fn parse_profile_counts(text: &str) -> Result<(Option<String>, Vec<u64>), String> {
+fn parse_profile_counts(text: &str) -> Result<ProfileLine, String> {
     let text = text.trim();
     if text.contains("kB") && text.contains('*') {
         return parse_meminfo_line(text);
     }
     if text.starts_with("Node") {
         let zone = fraglab_probe::buddyinfo::parse_line(text)?;
-        return Ok((Some(zone.zone), zone.free));
+        return Ok(ProfileLine { node: Some(zone.node), zone: Some(zone.zone), free: zone.free });
     }
     let free = text
         .split_whitespace()
@@ -72,13 +84,13 @@ fn parse_profile_counts(text: &str) -> Result<(Option<String>, Vec<u64>), String
     if free.is_empty() {
         return Err("the profile is empty: give a buddyinfo line or a Mem-Info line".into());
     }
-    Ok((None, free))
+    Ok(ProfileLine { node: None, zone: None, free })
 }
 
 /// `Normal: 512*4kB (UME) 97*8kB (UM) 12*16kB (M) 0*32kB 0*64kB ... = 3016kB`, or with `Node 0 `
 /// before the zone. The line is read by the probe's kernel-log parser, the same one `fraglab scan`
 /// uses, so every profile scan prints is one this accepts.
-fn parse_meminfo_line(text: &str) -> Result<(Option<String>, Vec<u64>), String> {
+fn parse_meminfo_line(text: &str) -> Result<ProfileLine, String> {
     let area = fraglab_probe::kmsg::FreeArea::parse(text)?;
     // The fragmenter shapes 4kB pages; a 16kB- or 64kB-page report's orders mean other sizes here.
     if area.page_kb != 4 {
@@ -87,7 +99,7 @@ fn parse_meminfo_line(text: &str) -> Result<(Option<String>, Vec<u64>), String> 
             area.page_kb
         ));
     }
-    Ok((area.zone, area.free))
+    Ok(ProfileLine { node: area.node, zone: area.zone, free: area.free })
 }
 
 #[cfg(test)]
@@ -106,18 +118,20 @@ mod tests {
 
     #[test]
     fn seed_buddyinfo_line() {
-        let (zone, free) = parse_profile("Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0").unwrap();
-        assert_eq!(zone.as_deref(), Some("Normal"));
-        assert_eq!(free, vec![40773, 37, 34, 29, 0, 0, 0, 0, 0, 0, 0]);
+        let p = parse_profile("Node 1, zone Normal 40773 37 34 29 0 0 0 0 0 0 0").unwrap();
+        assert_eq!((p.node, p.zone.as_deref()), (Some(1), Some("Normal")));
+        assert_eq!(p.free, vec![40773, 37, 34, 29, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]
     fn meminfo_line() {
         let line = "Normal: 512*4kB (UME) 97*8kB (UM) 12*16kB (M) 0*32kB 0*64kB 0*128kB 0*256kB \
                     0*512kB 0*1024kB 0*2048kB 0*4096kB = 3016kB";
-        let (zone, free) = parse_profile(line).unwrap();
-        assert_eq!(zone.as_deref(), Some("Normal"));
-        assert_eq!(free, vec![512, 97, 12, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let p = parse_profile(line).unwrap();
+        assert_eq!((p.node, p.zone.as_deref()), (None, Some("Normal")), "a non-NUMA kernel's line");
+        assert_eq!(p.free, vec![512, 97, 12, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let p = parse_profile(&format!("Node 3 {line}")).unwrap();
+        assert_eq!((p.node, p.zone.as_deref()), (Some(3), Some("Normal")));
     }
 
     #[test]
@@ -140,21 +154,20 @@ mod tests {
             "<4>[ 6207.637280]  [3:  Binder:9343_3:22875] ",
             "> > ",
         ] {
-            let (zone, free) =
-                parse_profile(&format!("{prefix}{tail}")).unwrap_or_else(|e| panic!("{prefix}: {e}"));
-            assert_eq!((zone.as_deref(), &free), (Some("Normal"), &want), "{prefix}");
+            let p = parse_profile(&format!("{prefix}{tail}")).unwrap_or_else(|e| panic!("{prefix}: {e}"));
+            assert_eq!((p.zone.as_deref(), &p.free), (Some("Normal"), &want), "{prefix}");
         }
         // Wrapped by a mail client, each piece with its stamp.
         let wrapped = "[ 3.1] Normal: 512*4kB (UME) 97*8kB (UM) 12*16kB (M) 0*32kB 0*64kB 0*128kB\n\
                        [ 3.1] 0*256kB 0*512kB 0*1024kB 0*2048kB 0*4096kB = 3016kB";
-        assert_eq!(parse_profile(wrapped).unwrap().1, want);
+        assert_eq!(parse_profile(wrapped).unwrap().free, want);
         let buddy = "Jul 31 17:17:05 fs kernel: Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0";
-        assert_eq!(parse_profile(buddy).unwrap().1[..4], [40773, 37, 34, 29]);
+        assert_eq!(parse_profile(buddy).unwrap().free[..4], [40773, 37, 34, 29]);
     }
 
     #[test]
     fn bare_counts_and_garbage() {
-        assert_eq!(parse_profile("3 2 1").unwrap().1, vec![3, 2, 1]);
+        assert_eq!(parse_profile("3 2 1").unwrap().free, vec![3, 2, 1]);
         assert!(parse_profile("3 x 1").unwrap_err().contains("order 1"));
         assert!(parse_profile("").is_err());
     }

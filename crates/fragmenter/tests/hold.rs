@@ -36,6 +36,7 @@ fn plan(target: Target, budget: u64, pin: Pin) -> Plan {
         no_proactive_compaction: false,
         nr_orders: BuddyInfo::read().unwrap().nr_orders(),
         keep: true,
+        place: Default::default(),
     }
 }
 
@@ -156,10 +157,10 @@ fn seed_profile_is_reproduced_in_the_budget() {
     let dir = run_dir("profile");
     let _lock = lock(&dir);
     // Seed 000's fragmented Normal zone, as the mail shows it.
-    let (_, free) =
-        fraglab_fragmenter::target::parse_profile("Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0")
-            .unwrap();
-    let target = Target::Profile { zone: Some("Normal".into()), free: free.clone() };
+    let free = fraglab_fragmenter::target::parse_profile("Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0")
+        .unwrap()
+        .free;
+    let target = Target::Profile { node: Some(0), zone: Some("Normal".into()), free: free.clone() };
     let f = Fragmenter::start(
         plan(target, 512 << 20, Pin::Mlock),
         Journal::create(&dir).unwrap(),

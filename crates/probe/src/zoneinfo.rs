@@ -131,6 +131,12 @@ impl Zone {
         self.present > 0
     }
 
+    /// The frames the zone spans, `[start_pfn, start_pfn + spanned)`; `None` for an empty zone (no
+    /// `start_pfn` printed). Holes inside the span are not the zone's pages but are no one else's.
+    pub fn span(&self) -> Option<(u64, u64)> {
+        self.start_pfn.filter(|_| self.spanned > 0).map(|s| (s, s + self.spanned))
+    }
+
     /// The lowest watermark `nr_free_pages` is below: `"min"`, `"low"` or `"high"`; `None` above high.
     /// Below low kswapd is woken, below min ordinary allocations enter direct reclaim.
     pub fn below(&self) -> Option<&'static str> {
@@ -212,6 +218,32 @@ impl ZoneInfo {
     /// Per-CPU list pages over all zones.
     pub fn pcp_pages(&self) -> u64 {
         self.zones.iter().map(Zone::pcp_pages).sum()
+    }
+
+    /// The nodes with memory (a populated zone), ascending: what `/sys/devices/system/node/has_memory`
+    /// lists. A CPU-only node has none.
+    pub fn nodes(&self) -> Vec<u32> {
+        let mut nodes: Vec<u32> = self.zones.iter().filter(|z| z.populated()).map(|z| z.node).collect();
+        nodes.dedup();
+        nodes
+    }
+
+    /// A node's populated zones, lowest first (zoneinfo prints them in the kernel's zone order:
+    /// DMA, DMA32, Normal, Movable, Device).
+    pub fn node_zones(&self, node: u32) -> impl Iterator<Item = &Zone> {
+        self.zones.iter().filter(move |z| z.node == node && z.populated())
+    }
+
+    /// The zone a node's user pages come from first: its highest populated zone, ZONE_DEVICE aside
+    /// (device memory is never handed to the page allocator). A movable page fault walks the zones
+    /// from the highest down and takes a lower one only when the ones above are at their watermark.
+    pub fn user_zone(&self, node: u32) -> Option<&Zone> {
+        self.node_zones(node).filter(|z| z.zone != "Device").last()
+    }
+
+    /// `nr_free_pages` over a node's zones.
+    pub fn node_free_pages(&self, node: u32) -> u64 {
+        self.node_zones(node).map(|z| z.nr_free_pages).sum()
     }
 }
 

@@ -17,6 +17,8 @@ const GROWN: &str = include_str!("captures/host-6.18/zoneinfo-grown");
 const GROWN_BUDDY: &str = include_str!("captures/host-6.18/buddyinfo-grown");
 const GUEST_61: &str = include_str!("captures/guest-6.1/zoneinfo");
 const GUEST_61_BUDDY: &str = include_str!("captures/guest-6.1/buddyinfo");
+const NUMA2_1G: &str = include_str!("captures/guest-6.1-numa2/zoneinfo");
+const NUMA2_5G: &str = include_str!("captures/guest-6.1-numa2-5g/zoneinfo");
 /// `Page block order: 9` in the pagetypeinfo capture of the same VM.
 const PAGEBLOCK_ORDER: usize = 9;
 
@@ -169,6 +171,35 @@ fn guest_61_capture() {
 /// after zoneinfo was identical). nr_free_pages counts the buddy free lists and **not** the per-CPU
 /// lists: Normal holds 82221 pcp pages, yet differs from the buddy sum by 50, within the 72 pages of
 /// per-CPU counter drift. nr_free_pages_blocks is exactly the buddy pages at order >= pageblock_order.
+/// Two-node guests (`fraglab vm --numa 2`): the nodes with memory, each node's zones and the zone
+/// its user pages come from, and spans that tile each node's memory in address order.
+#[test]
+fn numa_guest_captures_nodes_zones_and_spans() {
+    let one = parse(NUMA2_1G, "guest-6.1-numa2/zoneinfo");
+    assert_eq!(one.nodes(), vec![0, 1]);
+    let zones = |zi: &ZoneInfo, n| zi.node_zones(n).map(|z| z.zone.clone()).collect::<Vec<_>>();
+    assert_eq!(zones(&one, 0), ["DMA", "DMA32"]);
+    assert_eq!(zones(&one, 1), ["DMA32"]);
+    assert_eq!(one.user_zone(0).unwrap().zone, "DMA32");
+    assert_eq!(one.zone(0, "DMA").unwrap().span(), Some((1, 4096)));
+    assert_eq!(one.zone(0, "DMA32").unwrap().span(), Some((4096, 131072)));
+    assert_eq!(one.zone(1, "DMA32").unwrap().span(), Some((131072, 262112)));
+    assert_eq!(one.zone(1, "Normal").unwrap().span(), None, "an empty zone spans nothing");
+    assert_eq!(one.node_free_pages(1), one.zone(1, "DMA32").unwrap().nr_free_pages);
+
+    // 5 GiB: 3 GiB below the 4 GiB hole, so node 1 (2.5–5 GiB) holds DMA32 and Normal.
+    let five = parse(NUMA2_5G, "guest-6.1-numa2-5g/zoneinfo");
+    assert_eq!(zones(&five, 1), ["DMA32", "Normal"]);
+    assert_eq!(five.user_zone(1).unwrap().zone, "Normal");
+    assert_eq!(five.user_zone(0).unwrap().zone, "DMA32");
+    assert_eq!(five.zone(1, "DMA32").unwrap().span(), Some((655360, 1048576)));
+    assert_eq!(five.zone(1, "Normal").unwrap().span(), Some((1048576, 1572864)));
+    assert_eq!(five.user_zone(7).map(|z| z.label()), None);
+    for zi in [&one, &five] {
+        check_invariants(zi);
+    }
+}
+
 #[test]
 fn captures_against_their_buddyinfo() {
     // (The early pair is not used: its buddyinfo was read a while before its zoneinfo, and Normal moved

@@ -151,6 +151,10 @@ pub struct FragmentArgs {
     /// Shape only this much memory (shared machines, tests); success is judged on the memory taken.
     #[arg(long, value_name = "SIZE")]
     pub budget: Option<String>,
+    /// With --budget: take the memory on this NUMA node only (a profile line's `Node N` says it
+    /// itself).
+    #[arg(long, value_name = "N")]
+    pub node: Option<u32>,
     /// How held pages resist compaction.
     #[arg(long, value_enum, default_value = "mlock")]
     pub pin: PinArg,
@@ -239,6 +243,10 @@ pub struct VmArgs {
     /// Guest CPUs (under TCG they take turns on one host thread).
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub cpus: u32,
+    /// Guest NUMA nodes: memory split evenly across them in address order, CPUs round-robin (a node
+    /// left without a CPU is memory-only, as on some real servers).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub numa: u32,
     /// Kill the guest after this long (boot included) and exit 125.
     #[arg(long, default_value = "300s", value_name = "DURATION")]
     pub timeout: String,

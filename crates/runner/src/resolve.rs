@@ -4,9 +4,10 @@
 //! is allowed; writing anything is not.
 
 use anyhow::{bail, Result};
-use fraglab_fragmenter::fragment::{self, max_freeable, Pin, Plan};
-use fraglab_fragmenter::target::{parse_profile, Target};
+use fraglab_fragmenter::fragment::{self, max_freeable, Bind, Pin, Place, Plan, ZoneSpan};
+use fraglab_fragmenter::target::{parse_profile, ProfileLine, Target};
 use fraglab_probe::buddyinfo::BuddyInfo;
+use fraglab_probe::zoneinfo::ZoneInfo;
 use serde::Deserialize;
 
 use crate::cli::{FragmentArgs, PinArg};
@@ -24,6 +25,8 @@ pub struct FragmentSpec {
     pub free: Option<String>,
     pub profile: Option<String>,
     pub budget: Option<String>,
+    /// The NUMA node to shape (budget mode); a profile line that names its node says it itself.
+    pub node: Option<u32>,
     pub pin: Option<String>,
     pub reserve: Option<String>,
     /// Advanced: MemAvailable below this while holding makes fraglab give memory back (default
@@ -48,6 +51,7 @@ impl From<&FragmentArgs> for FragmentSpec {
             free: a.free.clone(),
             profile: a.profile.clone(),
             budget: a.budget.clone(),
+            node: a.node,
             pin: Some(match a.pin {
                 PinArg::Mlock => "mlock".into(),
                 PinArg::None => "none".into(),
@@ -75,6 +79,8 @@ pub struct Machine {
     pub root: bool,
     /// The base page size; the fragmenter's cut and pagemap arithmetic are written for 4 KiB.
     pub page_size: u64,
+    /// Nodes and zones: where a target can be placed.
+    pub zoneinfo: ZoneInfo,
 }
 
 impl Machine {
@@ -87,6 +93,7 @@ impl Machine {
             default_reserve: fragment::default_reserve()?,
             root: nix::unistd::geteuid().is_root(),
             page_size: procfs::page_size(),
+            zoneinfo: ZoneInfo::read()?,
         })
     }
 }
@@ -161,7 +168,14 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         "none" => Pin::None,
         other => bail!("{} = {other:?}: must be \"mlock\" or \"none\"", key("pin")),
     };
-    let target = match (spec.max_free_order, &spec.profile) {
+    let line = spec
+        .profile
+        .as_deref()
+        .map(|l| parse_profile(l).map_err(|e| anyhow::anyhow!("{} {l:?}: {e}", key("profile"))))
+        .transpose()?;
+    let place = place(spec, line.as_ref(), budget, reserve, m, key)?;
+    let line_node = line.as_ref().and_then(|l| l.node);
+    let target = match (spec.max_free_order, line) {
         (Some(_), Some(_)) => {
             bail!("{} and {} both given: choose one target", key("max_free_order"), key("profile"))
         }
@@ -184,12 +198,10 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
             };
             Target::MaxFreeOrder { order, free_bytes }
         }
-        (None, Some(line)) => {
+        (None, Some(ProfileLine { zone, mut free, .. })) => {
             if spec.free.is_some() {
                 bail!("{} applies to max_free_order targets; a profile says its own sizes", key("free"));
             }
-            let (zone, mut free) =
-                parse_profile(line).map_err(|e| anyhow::anyhow!("{} {line:?}: {e}", key("profile")))?;
             if free.len() > m.nr_orders {
                 if free[m.nr_orders..].iter().any(|&n| n > 0) {
                     bail!(
@@ -202,7 +214,8 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
                 free.truncate(m.nr_orders);
             }
             free.resize(m.nr_orders, 0);
-            Target::Profile { zone, free }
+            // As the line says it; where it is built is the plan's place.
+            Target::Profile { node: line_node, zone, free }
         }
     };
     Ok(Plan {
@@ -214,5 +227,117 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         no_proactive_compaction: spec.no_proactive_compaction,
         nr_orders: m.nr_orders,
         keep: spec.keep,
+        place,
     })
+}
+
+/// Where the memory must come from: `--node`, or the node and zone the profile line names, checked
+/// against this machine's zoneinfo. A line that names a zone but no node comes from a kernel built
+/// without NUMA, whose one node is node 0. With neither, the plan takes memory wherever the
+/// allocator gives it, as before nodes were known.
+fn place(
+    spec: &FragmentSpec,
+    line: Option<&ProfileLine>,
+    budget: Option<u64>,
+    reserve: u64,
+    m: &Machine,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Place> {
+    let zi = &m.zoneinfo;
+    let nodes = zi.nodes();
+    let list = |v: &[String]| v.join(", ");
+    let have = list(&nodes.iter().map(|n| format!("node {n}")).collect::<Vec<_>>());
+    let line_node = line.and_then(|l| l.node);
+    let zone = line.and_then(|l| l.zone.clone());
+    // Which key the node came from, for the error.
+    let (node, from) = match (spec.node, line_node) {
+        (Some(a), Some(b)) if a != b => bail!(
+            "{} = {a}, but the profile line is node {b}'s: drop {} or give the line of node {a}",
+            key("node"),
+            key("node")
+        ),
+        (Some(a), _) => (Some(a), format!("{} = {a}", key("node"))),
+        (None, b) => {
+            let line = spec.profile.as_deref().unwrap_or_default();
+            (b.or(zone.as_ref().map(|_| 0)), format!("{} {line:?}", key("profile")))
+        }
+    };
+    let Some(node) = node else { return Ok(Place::default()) };
+    if !nodes.contains(&node) {
+        bail!(
+            "{from}: node {node} does not exist here: this machine has memory on {have} (/proc/zoneinfo). \
+             Shape one of those with --node, or boot a guest with node {node} (`fraglab vm --numa {}`)",
+            node + 1
+        );
+    }
+    let zones: Vec<String> = zi.node_zones(node).map(|z| z.zone.clone()).collect();
+    let user = zi.user_zone(node).expect("a node with memory has a populated zone");
+    if spec.max_free_order.is_some() && budget.is_none() {
+        bail!(
+            "{} = {node} without a budget: the whole-machine mode shapes every node; give a budget to \
+             shape node {node} alone",
+            key("node")
+        );
+    }
+    let zone = match (&zone, &spec.max_free_order) {
+        (_, Some(_)) => None,
+        (Some(z), None) => Some(z.clone()),
+        // Bare counts bound to a node: the node's user zone.
+        (None, None) => Some(user.zone.clone()),
+    };
+    let zone = match zone {
+        None => None,
+        Some(z) => {
+            let Some(span) = zi.zone(node, &z).filter(|z| z.populated()).and_then(|z| z.span()) else {
+                bail!(
+                    "{from}: Node {node}, zone {z} does not exist here: node {node} has {} (/proc/zoneinfo)",
+                    list(&zones)
+                );
+            };
+            if z == "DMA" {
+                bail!(
+                    "{from}: zone DMA cannot be shaped: the kernel keeps it for DMA allocations \
+                     (lowmem_reserve), and user pages, the only ones fraglab can take and free, do not \
+                     reach it"
+                );
+            }
+            if budget.is_some() && z != user.zone {
+                bail!(
+                    "{from}: Node {node}, zone {z} with a budget: user pages come from node {node}'s highest \
+                     zone, {}, and reach {z} only once {} is exhausted. Shape the whole machine instead \
+                     (no budget; in a guest: `fraglab vm --kernel debian-cloud -- fragment --profile …`), \
+                     or target zone {}",
+                    user.zone,
+                    user.zone,
+                    user.zone
+                );
+            }
+            Some(ZoneSpan { node, zone: z, start: span.0, end: span.1 })
+        }
+    };
+    // One node: every page is the node's anyway, and a kernel without NUMA has no mbind(2).
+    let bind = match budget {
+        Some(b) if nodes.len() > 1 => {
+            let managed: u64 = zi.zones.iter().map(|z| z.managed).sum();
+            let node_managed: u64 = zi.node_zones(node).map(|z| z.managed).sum();
+            let high: u64 = zi.node_zones(node).map(|z| z.high).sum();
+            let keep = ((reserve as u128 * node_managed as u128 / managed.max(1) as u128) as u64)
+                .max(2 * high * fraglab_fragmenter::arena::PAGE_SIZE as u64);
+            let free = zi.node_free_pages(node) * fraglab_fragmenter::arena::PAGE_SIZE as u64;
+            if b > free.saturating_sub(keep) {
+                bail!(
+                    "{} = {}: more than node {node} can give (free {} − the {} it keeps = {}); lower it",
+                    key("budget"),
+                    format_size(b),
+                    format_size(free),
+                    format_size(keep),
+                    format_size(free.saturating_sub(keep))
+                );
+            }
+            let spans = zi.node_zones(node).filter_map(|z| z.span()).collect();
+            Some(Bind { node, keep, spans })
+        }
+        _ => None,
+    };
+    Ok(Place { bind, zone })
 }

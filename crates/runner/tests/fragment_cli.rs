@@ -237,6 +237,25 @@ fn whole_machine_and_scaled_dry_runs() -> Vec<DryRun> {
             ],
             vec!["MaxFreeOrder"],
         ),
+        // A line's node and zone are where it is cut; one node needs no binding.
+        (
+            vec!["fragment", "--profile", seed, "--budget", "256MiB", "--dry-run"],
+            vec![
+                "profile of Node 0, zone Normal: free blocks per order 40773 37",
+                "zone:     Node 0, zone Normal (frames ",
+                "the cut frees pages there only; pages taken elsewhere are given back",
+            ],
+            vec!["node:     "],
+        ),
+        // A lower zone is a whole-machine target.
+        (
+            vec!["fragment", "--profile", "Node 0, zone DMA32 40 3 2 1", "--dry-run"],
+            vec![
+                "whole machine, profile of Node 0, zone DMA32",
+                "zone:     Node 0, zone DMA32 (frames 4096–",
+            ],
+            vec![],
+        ),
         // Seed 000's profile needs ≈ 322 MiB: in a 128 MiB budget it is scaled, and the plan says so.
         (
             vec!["fragment", "--profile", seed, "--budget", "128MiB", "--dry-run"],
@@ -264,6 +283,24 @@ fn bad_input_is_refused_with_no_side_effect() {
         (&["--profile", "Node 0, zone Normal 1 2 x"], "--profile"),
         (&["--profile", "Normal: 1*4kB 1*8kB = 16kB"], "add up to 12kB"),
         (&["--max-free-order", "4", "--reserve", "1MiB"], "min_free_kbytes"),
+        // Nodes and zones this machine (one node: DMA, DMA32, Normal) does not have, or cannot
+        // shape in a budget: refused before anything is taken.
+        (
+            &["--profile", "Node 3, zone Normal 4000 37 34 29 0 0 0 0 0 0 0", "--budget", "256MiB"],
+            "--profile \"Node 3, zone Normal 4000 37 34 29 0 0 0 0 0 0 0\": node 3 does not exist here: \
+             this machine has memory on node 0 (/proc/zoneinfo). Shape one of those with --node, or boot a \
+             guest with node 3 (`fraglab vm --numa 4`)",
+        ),
+        (&["--max-free-order", "4", "--budget", "64MiB", "--node", "3"], "--node = 3: node 3 does not exist"),
+        (&["--profile", "Node 0 Movable: 1*4kB = 4kB", "--budget", "64MiB"], "Node 0, zone Movable does not exist here: node 0 has DMA, DMA32, Normal"),
+        (
+            &["--profile", "Node 0, zone DMA32 40 3 2 1", "--budget", "64MiB"],
+            "Node 0, zone DMA32 with a budget: user pages come from node 0's highest zone, Normal, and reach \
+             DMA32 only once Normal is exhausted",
+        ),
+        (&["--profile", "Node 0, zone DMA 1 1 1"], "zone DMA cannot be shaped"),
+        (&["--profile", "Node 0, zone Normal 1 1 1", "--node", "1", "--budget", "64MiB"], "--node = 1, but the profile line is node 0's"),
+        (&["--max-free-order", "4", "--node", "0"], "--node = 0 without a budget: the whole-machine mode shapes every node"),
     ];
     for (args, want) in cases {
         let mut all = vec!["fragment"];

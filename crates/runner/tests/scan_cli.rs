@@ -201,13 +201,30 @@ fn raw_log_lines_are_profiles() {
             line.split_whitespace().filter_map(|w| w.split_once('*')).map(|(n, _)| n).collect();
         let counts = counts.join(" ");
         let out = s.run(&["fragment", "--profile", line, "--budget", "64MiB", "--dry-run"]);
-        let plan = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{line}: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(
-            plan.contains(&format!("profile of zone {zone}: free blocks per order {counts}")),
-            "{line}: {plan}"
-        );
-        assert!(plan.contains("dry run: nothing taken, nothing changed"), "{plan}");
+        let (plan, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        // This host's node 0 has DMA, DMA32 and Normal: only Normal's pages are a budget's.
+        match zone {
+            "Normal" => {
+                assert!(out.status.success(), "{line}: {err}");
+                let node = if line.contains("Node 0 ") { "Node 0, " } else { "" };
+                assert!(
+                    plan.contains(&format!("profile of {node}zone {zone}: free blocks per order {counts}")),
+                    "{line}: {plan}"
+                );
+                assert!(plan.contains("dry run: nothing taken, nothing changed"), "{plan}");
+            }
+            "DMA32" => {
+                assert_eq!(out.status.code(), Some(1), "{line}: {plan}");
+                assert!(
+                    err.contains("Node 0, zone DMA32 with a budget: user pages come from node 0's highest zone, Normal"),
+                    "{err}"
+                );
+            }
+            _ => {
+                assert_eq!(out.status.code(), Some(1), "{line}: {plan}");
+                assert!(err.contains("zone DMA cannot be shaped"), "{err}");
+            }
+        }
     }
 }
 
@@ -241,7 +258,7 @@ fn quoted_buddyinfo_lines_are_targets() {
 #[test]
 fn printed_profiles_are_accepted_by_fragment_dry_run() {
     let s = Scratch::new("dry");
-    let mut n = 0;
+    let (mut n, mut refused, mut dma) = (0, 0, 0);
     for name in [
         "linux-mm-2019-08-05-xorg-order4.dmesg",
         "linux-mm-2016-08-02-oom.syslog",
@@ -256,25 +273,52 @@ fn printed_profiles_are_accepted_by_fragment_dry_run() {
             .iter()
             .filter(|p| p["budget_bytes"].as_u64().unwrap() <= 1 << 30)
         {
-            let command = p["command"].as_str().unwrap();
+            // DMA lines get no command, only the reason.
+            let Some(command) = p["command"].as_str() else {
+                assert_eq!(p["zone"], "DMA", "{p}");
+                assert!(p["note"].as_str().unwrap().contains("zone DMA cannot be shaped"), "{p}");
+                dma += 1;
+                continue;
+            };
             let rest = command.strip_prefix("fraglab ").unwrap();
             let shell = format!("'{FRAGLAB}' --run-dir '{}' {rest} --dry-run", s.0.join("run").display());
             let out = Command::new("sh").arg("-c").arg(&shell).output().unwrap();
-            assert!(out.status.success(), "{shell}: {}", String::from_utf8_lossy(&out.stderr));
+            let err = String::from_utf8_lossy(&out.stderr);
+            // This host has one node: another node's line is refused, with nothing taken.
+            if let Some(n) = p["node"].as_u64().filter(|&n| n > 0) {
+                assert_eq!(out.status.code(), Some(1), "{shell}: {err}");
+                assert!(err.contains(&format!("node {n} does not exist here")), "{err}");
+                refused += 1;
+                continue;
+            }
+            assert!(out.status.success(), "{shell}: {err}");
             let plan = String::from_utf8_lossy(&out.stdout);
             let zone = p["zone"].as_str().unwrap();
+            let node = p["node"].as_u64().map_or_else(String::new, |n| format!("Node {n}, "));
             let free: Vec<String> = p["free"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
             assert!(
-                plan.contains(&format!("profile of zone {zone}: free blocks per order {}", free.join(" "))),
+                plan.contains(&format!(
+                    "profile of {node}zone {zone}: free blocks per order {}",
+                    free.join(" ")
+                )),
                 "{plan}"
             );
-            let budget = format!("take:     {}.00 MiB (budget)", p["budget_bytes"].as_u64().unwrap() >> 20);
-            assert!(plan.contains(&budget), "{budget} in {plan}");
+            // A zone below its node's highest is a whole-machine target, and says why.
+            if command.contains("--budget") {
+                let budget =
+                    format!("take:     {}.00 MiB (budget)", p["budget_bytes"].as_u64().unwrap() >> 20);
+                assert!(plan.contains(&budget), "{budget} in {plan}");
+                assert!(p["note"].is_null(), "{p}");
+            } else {
+                assert!(plan.contains("target:   whole machine"), "{plan}");
+                assert!(p["note"].as_str().unwrap().contains("whole-machine target"), "{p}");
+            }
             assert!(plan.contains("dry run: nothing taken, nothing changed"), "{plan}");
             n += 1;
         }
     }
-    assert_eq!(n, 10);
+    // Accepted (budget or whole machine), another node's, DMA.
+    assert_eq!((n, refused, dma), (7, 1, 2));
 }
 
 #[test]

@@ -61,8 +61,11 @@ pub struct Profile {
     /// owned 2^(o+1)-page region per order-o block (`shape::profile_pages`), in 4 KiB pages,
     /// rounded up to a MiB.
     pub budget_bytes: u64,
-    /// `fraglab fragment --profile "…" --budget …`.
-    pub command: String,
+    /// `fraglab fragment --profile "…" --budget …` for a node's highest zone; without the budget (the
+    /// whole machine, in a guest) for a zone below it; none for DMA.
+    pub command: Option<String>,
+    /// Why the command is not a budget one, when it is not.
+    pub note: Option<String>,
 }
 
 impl Profile {
@@ -70,7 +73,8 @@ impl Profile {
         const MIB: u64 = 1 << 20;
         let pages = fraglab_fragmenter::shape::profile_pages(&free);
         let budget_bytes = pages.saturating_mul(4096).div_ceil(MIB).max(1).saturating_mul(MIB);
-        let command = format!("fraglab fragment --profile \"{line}\" --budget {}MiB", budget_bytes / MIB);
+        let command =
+            Some(format!("fraglab fragment --profile \"{line}\" --budget {}MiB", budget_bytes / MIB));
         Profile {
             line: found.line,
             timestamp: found.timestamp,
@@ -82,7 +86,55 @@ impl Profile {
             after: None,
             budget_bytes,
             command,
+            note: None,
         }
+    }
+}
+
+/// The zones in the kernel's order, lowest first (HighMem is 32-bit's top zone).
+const ZONE_ORDER: [&str; 5] = ["DMA", "DMA32", "Normal", "HighMem", "Movable"];
+
+/// Say which lines can be built in a budget. A node's user pages come from its highest zone, so a
+/// lower zone's line needs the zones above it exhausted (the whole machine, in a guest), and DMA
+/// is kept for DMA allocations. The lines one report (or one pasted buddyinfo) prints come in a
+/// row; a zone is lower when a line of the same row names a higher zone of its node.
+fn place_profiles(profiles: &mut [Profile]) {
+    let rank = |z: &Option<String>| z.as_deref().and_then(|z| ZONE_ORDER.iter().position(|&o| o == z));
+    let mut start = 0;
+    while start < profiles.len() {
+        let mut end = start + 1;
+        while end < profiles.len()
+            && profiles[end].source == profiles[start].source
+            && profiles[end].after == profiles[start].after
+            && profiles[end].line <= profiles[end - 1].line + 3
+        {
+            end += 1;
+        }
+        let row: Vec<(Option<u32>, Option<usize>)> =
+            profiles[start..end].iter().map(|p| (p.node, rank(&p.zone))).collect();
+        for p in &mut profiles[start..end] {
+            let (Some(zone), Some(r)) = (p.zone.clone(), rank(&p.zone)) else { continue };
+            let node = p.node.map_or_else(String::new, |n| format!("Node {n}'s "));
+            if zone == "DMA" {
+                p.command = None;
+                p.note = Some(
+                    "zone DMA cannot be shaped: the kernel keeps it for DMA allocations (lowmem_reserve), \
+                     and user pages never reach it"
+                        .into(),
+                );
+            } else if let Some(top) =
+                row.iter().filter(|(n, _)| *n == p.node).filter_map(|(_, r)| *r).max().filter(|&t| t > r)
+            {
+                let line = p.command.as_deref().and_then(|c| c.split(" --budget").next()).unwrap_or_default();
+                p.command = Some(line.to_string());
+                p.note = Some(format!(
+                    "below {node}{}: user pages reach {zone} only once the zones above are exhausted, so \
+                     this is a whole-machine target (no budget), best inside `fraglab vm`",
+                    ZONE_ORDER[top]
+                ));
+            }
+        }
+        start = end;
     }
 }
 
@@ -179,6 +231,7 @@ pub fn scan(text: &str, name: &str) -> ScanReport {
             }
         }
     }
+    place_profiles(&mut r.profiles);
     let reports: Vec<&AllocFailureReport> = r
         .failures
         .iter()
@@ -300,7 +353,12 @@ fn human(r: &ScanReport) -> String {
         let what = if p.source == "buddyinfo" { " (buddyinfo)" } else { "" };
         let after = p.after.as_deref().map_or_else(String::new, |a| format!(", after {a}"));
         let _ = writeln!(o, "  line {}: {zone}{what}, {free}, {largest}{after}", p.line);
-        let _ = writeln!(o, "    {}", p.command);
+        if let Some(c) = &p.command {
+            let _ = writeln!(o, "    {c}");
+        }
+        if let Some(n) = &p.note {
+            let _ = writeln!(o, "    ({n})");
+        }
     }
     if !r.warnings.is_empty() {
         let _ = writeln!(o, "\n{} line(s) could not be read (see the warnings above)", r.warnings.len());

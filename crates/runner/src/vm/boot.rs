@@ -42,6 +42,25 @@ pub(crate) fn check(args: &VmArgs) -> Result<Plan> {
     if args.cpus == 0 || args.cpus > 64 {
         bail!("--cpus {}: give 1 to 64", args.cpus);
     }
+    // Linux ignores a node under 4 MiB (NODE_MIN_SIZE) and folds its memory into a neighbour; a node
+    // worth testing on holds at least a memory section (128 MiB on x86-64).
+    if args.numa == 0 || args.numa > 8 || mem / u64::from(args.numa.max(1)) < (128 << 20) {
+        bail!(
+            "--numa {}: give 1 to 8 nodes of at least 128MiB each (--mem {} holds {})",
+            args.numa,
+            format_size(mem),
+            (mem >> 27).clamp(1, 8)
+        );
+    }
+    if args.numa > 1 && args.cpus > args.numa && args.cpus % args.numa != 0 {
+        bail!(
+            "--cpus {} --numa {}: give CPUs that split evenly among the nodes (a multiple of {}), or \
+             fewer CPUs than nodes (the nodes past the last CPU are memory-only)",
+            args.cpus,
+            args.numa,
+            args.numa
+        );
+    }
     let timeout = parse_duration(&args.timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
     let argv = match (&args.script, args.command.is_empty()) {
         (Some(_), _) => vec!["/bin/sh".into(), "/fraglab/script".into()],
@@ -461,6 +480,7 @@ pub(crate) fn boot_and_report(args: &VmArgs, plan: &Plan, guest: &Guest, cache: 
             cmdline: cmdline(args),
             mem_mib: plan.mem_mib,
             cpus: args.cpus,
+            numa: args.numa,
             timeout: plan.timeout,
             verbose: args.verbose,
             workdir: work,
