@@ -32,7 +32,53 @@ pub fn target(t: &Target) -> String {
             counts(free),
             format_size(profile_free_bytes(free))
         ),
+        Target::Zones { zones, .. } => format!(
+            "profile of {} ({} free)",
+            zones_text(zones),
+            format_size(zones.iter().map(|z| profile_free_bytes(&z.free)).sum())
+        ),
     }
+}
+
+/// One line per zone of a zone-placed target: `Node 1, zone DMA32: planned 3000 400 … intact 2873
+/// 400 … missing 0 …`, with its scale when it was scaled.
+pub fn zone_cuts(zones: &[crate::fragment::ZoneCut]) -> Vec<String> {
+    zones
+        .iter()
+        .map(|z| {
+            let top = z.planned.iter().zip(&z.missing).rposition(|(p, m)| p + m > 0).map_or(0, |o| o + 1);
+            let cut = |v: &[u64]| counts(&v[..top.min(v.len())]);
+            format!(
+                "{}: planned {} | intact {} | missing {}{}",
+                z.zone,
+                cut(&z.planned),
+                cut(&z.intact),
+                cut(&z.missing),
+                if z.scale < 1.0 {
+                    format!(" (scaled by {:.4} to the pages taken there)", z.scale)
+                } else {
+                    String::new()
+                }
+            )
+        })
+        .collect()
+}
+
+/// Whole machine, profile: what the reserve's high-order blocks were traded for.
+pub fn traded(bytes: u64) -> Option<String> {
+    (bytes > 0).then(|| {
+        format!(
+            "traded {} of held memory, freed in blocks below the region order, for the reserve's free blocks \
+             at or above it (the keeper's rings hold those)",
+            format_size(bytes)
+        )
+    })
+}
+
+/// `3 zones: Node 0, zone DMA32 1440 1444 …; Node 1, zone DMA32 …`.
+fn zones_text(zones: &[crate::target::ZoneProfile]) -> String {
+    let each: Vec<String> = zones.iter().map(|z| format!("{} {}", z.label(), counts(&z.free))).collect();
+    format!("{} zone{}: {}", zones.len(), if zones.len() == 1 { "" } else { "s" }, each.join("; "))
 }
 
 /// Where shaping stands, for `fraglab status` while a fragmenter has not reached its target yet.
@@ -105,11 +151,27 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
             format_size(takeable),
             fill_time_bound(takeable).as_secs()
         ),
-        (None, Target::Profile { .. }) => format!(
-            "all free memory above the reserve, about {}, cut to the profile; no pipe fill for a \
-             profile target: the reserve keeps its own free blocks, high orders included, beside the \
-             profile's",
-            format_size(takeable)
+        (None, Target::Profile { .. } | Target::Zones { .. }) if plan.trades_reserve() => format!(
+            "all free memory above the reserve, about {}, cut to the profile; then the reserve's free \
+             blocks of order ≥ {k} are traded: as much held memory is freed in blocks below order {k} \
+             (outside the profile's zones first), and the keeper's rings take the high-order blocks",
+            format_size(takeable),
+            k = plan.region_order()
+        ),
+        (None, Target::Profile { .. } | Target::Zones { .. }) => format!(
+            "all free memory above the reserve, about {}, cut to the profile; the reserve keeps its own \
+             free blocks beside the profile's, high orders included: {}",
+            format_size(takeable),
+            if plan.region_order() < MIN_RING_ORDER {
+                format!(
+                    "the profile's region order {} is below the keeper's smallest ring ({MIN_RING_ORDER})",
+                    plan.region_order()
+                )
+            } else if !plan.keep {
+                "keep = false".to_string()
+            } else {
+                "the profile has blocks of the top order itself".to_string()
+            }
         ),
     };
     lines.push(("take", take));
@@ -124,14 +186,18 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
             ),
         ));
     }
-    if let Some(z) = &plan.place.zone {
+    if !plan.place.zones.is_empty() {
+        let spans: Vec<String> = plan
+            .place
+            .zones
+            .iter()
+            .map(|z| format!("{} (frames {}–{})", z.label(), z.start, z.end - 1))
+            .collect();
         lines.push((
             "zone",
             format!(
-                "{} (frames {}–{}): the cut frees pages there only; pages taken elsewhere are {}",
-                z.label(),
-                z.start,
-                z.end - 1,
+                "{}: the cut frees pages there only; pages taken elsewhere are {}",
+                spans.join(", "),
                 if plan.budget.is_some() {
                     "given back"
                 } else {
@@ -141,8 +207,26 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
             ),
         ));
     }
-    if let Target::Profile { free, .. } = &plan.target {
-        lines.push(("profile", profile_fit(free, plan.budget, takeable)));
+    match &plan.target {
+        Target::Profile { free, .. } => lines.push(("profile", profile_fit(free, plan.budget, takeable))),
+        Target::Zones { zones, skipped } => {
+            for z in zones {
+                let need = profile_pages(&z.free) * PAGE;
+                lines.push((
+                    "profile",
+                    format!(
+                        "{}: {} in blocks, needs up to {} taken there (scaled to what is, if less)",
+                        z.label(),
+                        format_size(profile_free_bytes(&z.free)),
+                        format_size(need)
+                    ),
+                ));
+            }
+            for why in skipped {
+                lines.push(("skipped", why.clone()));
+            }
+        }
+        Target::MaxFreeOrder { .. } => {}
     }
     lines.push((
         "pin",
@@ -368,8 +452,18 @@ mod tests {
         assert!(mfo.contains("pipe pages") && mfo.contains("order ≥ 3 still free in the reserve"), "{mfo}");
         let prof =
             text(&plan(Target::Profile { node: None, zone: None, free: vec![512, 97, 12] }, None), 24 << 30);
-        assert!(prof.contains("no pipe fill for a profile target"), "{prof}");
-        assert!(!prof.contains("then pipe pages"), "{prof}");
+        assert!(
+            prof.contains("the reserve keeps its own free blocks beside the profile's, high orders included: \
+                           the profile's region order 3 is below the keeper's smallest ring (4)"),
+            "{prof}"
+        );
+        assert!(!prof.contains("then pipe pages") && !prof.contains("traded"), "{prof}");
+        // Region order 4: the reserve's blocks of order ≥ 4 are traded, not filled.
+        let traded =
+            text(&plan(Target::Profile { node: None, zone: None, free: vec![512, 97, 12, 3] }, None), 24 << 30);
+        assert!(traded.contains("then the reserve's free blocks of order ≥ 4 are traded"), "{traded}");
+        assert!(traded.contains("re-break"), "{traded}");
+        assert!(!traded.contains("pipe pages"), "{traded}");
         let budget =
             text(&plan(Target::MaxFreeOrder { order: 3, free_bytes: 1 << 20 }, Some(64 << 20)), 24 << 30);
         assert!(!budget.contains("pipe pages"), "{budget}");

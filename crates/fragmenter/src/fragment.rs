@@ -60,9 +60,10 @@ pub struct Plan {
 pub struct Place {
     /// Take memory on this node only (budget mode).
     pub bind: Option<Bind>,
-    /// Cut only in this zone's frames. Pages taken outside it are held (whole machine: the zones
-    /// above must stay exhausted for the allocator to reach this one) or given back (budget).
-    pub zone: Option<ZoneSpan>,
+    /// Cut only in these zones' frames: the profile's zone, or each line's of a [`Target::Zones`]
+    /// (in its order). Pages taken outside them are held (whole machine: the zones above a lower
+    /// zone must stay exhausted for the allocator to reach it) or given back (budget).
+    pub zones: Vec<ZoneSpan>,
 }
 
 /// A budget bound to one NUMA node: every chunk is mbind(2)ed MPOL_BIND before it faults in, so a
@@ -108,10 +109,15 @@ impl Plan {
     pub fn region_order(&self) -> usize {
         match &self.target {
             Target::MaxFreeOrder { order, .. } => *order,
-            Target::Profile { free, .. } => {
-                free.iter().rposition(|&n| n > 0).map_or(0, |o| (o + 1).min(self.nr_orders - 1))
+            Target::Profile { free, .. } => self.profile_region_order(free),
+            Target::Zones { zones, .. } => {
+                zones.iter().map(|z| self.profile_region_order(&z.free)).max().unwrap_or(0)
             }
         }
+    }
+
+    fn profile_region_order(&self, free: &[u64]) -> usize {
+        free.iter().rposition(|&n| n > 0).map_or(0, |o| (o + 1).min(self.nr_orders - 1))
     }
 
     /// What holding the target means and what the keeper does ([`crate::keeper`]), and the order at
@@ -121,8 +127,25 @@ impl Plan {
         match (&self.target, self.budget) {
             (Target::MaxFreeOrder { order, .. }, None) if self.keep => (Keep::Rebreak, *order),
             (Target::MaxFreeOrder { order, .. }, None) => (Keep::Watch, *order),
+            (_, None) if self.keep && self.trades_reserve() => (Keep::Rebreak, self.region_order()),
             _ => (Keep::Regions, self.region_order()),
         }
+    }
+
+    /// Whole machine, profile: whether the reserve's free blocks at or above the region order can be
+    /// traded for blocks below it ([`trade_reserve`]) and re-broken. Not when that order is below the
+    /// keeper's smallest ring ([`crate::keeper::MIN_RING_ORDER`]), nor when the profile has blocks of
+    /// the top order itself (the region order is then the top order: its own blocks and the
+    /// reserve's look the same).
+    pub fn trades_reserve(&self) -> bool {
+        let k = self.region_order();
+        let top_free = |free: &[u64]| free.iter().skip(k).any(|&n| n > 0);
+        let own_above = match &self.target {
+            Target::MaxFreeOrder { .. } => return false,
+            Target::Profile { free, .. } => top_free(free),
+            Target::Zones { zones, .. } => zones.iter().any(|z| top_free(&z.free)),
+        };
+        self.budget.is_none() && k >= crate::keeper::MIN_RING_ORDER && !own_above
     }
 }
 
@@ -187,6 +210,10 @@ pub struct Status {
     pub moved_pages: u64,
     /// Whole-machine mode: bytes of pipe pages written to break up the reserve's high-order blocks.
     pub fill_bytes: u64,
+    /// Whole machine, profile: held memory freed in blocks below the region order in exchange for
+    /// the reserve's free blocks at or above it, which the keeper's rings hold instead.
+    #[serde(default)]
+    pub traded_bytes: u64,
     /// Whole-machine max-free-order mode: free pages still in blocks of order ≥ k in the target
     /// zones (every populated zone but DMA) when shaping ended; 0 means the target was reached.
     pub leftover_pages: Option<u64>,
@@ -207,6 +234,10 @@ pub struct Status {
     /// What keeping the target while holding did: blocks re-broken, time lost.
     #[serde(default)]
     pub keeping: Option<Keeping>,
+    /// A target placed in zones (a profile line's zone, a profile file's lines): what the cut made
+    /// in each, apart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<ZoneCut>,
 }
 
 /// A fragmenter holding memory in shape.
@@ -495,53 +526,28 @@ impl Fragmenter {
                 b.node
             ));
         }
-        // A zone target is cut in that zone only: pages elsewhere are not the cut's (frame 0: none).
-        let mut in_zone = std::borrow::Cow::Borrowed(&pfns);
-        if let Some(z) = &plan.place.zone {
-            let outside = pfns.iter().filter(|&&p| p != 0 && !z.contains(p)).count();
-            if outside > 0 {
-                bounds.push(format!(
-                    "zone: {} of {} taken outside {}: {}, not cut",
-                    mib(outside as u64 * PAGE_SIZE as u64),
-                    mib(pfns.len() as u64 * PAGE_SIZE as u64),
-                    z.label(),
-                    if plan.budget.is_some() { "given back" } else { "held" }
-                ));
-                let masked: Vec<u64> = pfns.iter().map(|&p| if z.contains(p) { p } else { 0 }).collect();
-                owned = Frames::from_pfns(&masked, region_order);
-                in_zone = std::borrow::Cow::Owned(masked);
-            }
-        }
         let naive = pfns.iter().all(|&p| p == 0);
-        let mut scale = 1.0;
-        let mut cut = if naive {
-            naive_cut(arena.pages(), &plan.target, plan.nr_orders)
+        let (mut cut, scale, zone_cuts) = if naive {
+            (naive_cut(arena.pages(), &plan.target, plan.nr_orders), 1.0, Vec::new())
         } else {
-            match &plan.target {
-                Target::MaxFreeOrder { order, free_bytes } => shape::max_free_order(
-                    &in_zone,
-                    &owned,
-                    *order,
-                    free_bytes / PAGE_SIZE as u64,
-                    plan.nr_orders,
-                ),
-                Target::Profile { free, .. } => {
-                    // A budget bounds what is shaped; memory taken beyond it only to find whole
-                    // aligned regions is surplus, given back after the cut, and must not unscale it.
-                    let fit = plan
-                        .budget
-                        .map_or(arena.pages() as u64, |b| (b / PAGE_SIZE as u64).min(arena.pages() as u64));
-                    let (scaled, f) = shape::scale_profile(free, fit);
-                    scale = f;
-                    shape::profile(&in_zone, &scaled, plan.nr_orders)
-                }
-            }
+            cut_target(&plan, &pfns, &owned, arena.pages(), &mut bounds)
         };
         if stop.load(Ordering::Relaxed) {
             return Err(stopped("cutting", arena, fill, journal));
         }
         // Sorted once: every check of the planned blocks reads /proc/kpageflags in PFN order.
         cut.at.sort_unstable();
+        // Whole machine, profile: what the reserve's high-order blocks are traded for, chosen before
+        // anything is freed — choosing allocates, and what it faults in must come from the free
+        // memory there is now (the reserve's), not from the cut's small blocks (measured: chosen
+        // after the cut, a 5 GiB guest's profile lost 2 969 of its 3 000 order-0 blocks to it).
+        let trade = match plan.trades_reserve() && !naive {
+            true => Some(trade_reserve(&pfns, &cut, &plan, &buddyinfo_populated)?),
+            false => None,
+        };
+        // Which pages stay, listed before anything is freed for the same reason: the list is one
+        // entry per held page, megabytes when the whole machine is held.
+        let kept = kept_pages(&pfns, &cut, plan.budget.is_some(), trade.as_ref().map_or(&[], |t| &t.runs));
         progress(Progress::Freeing { pages: cut.freed_pages() });
         arena.free(&cut.runs)?;
         // A budget's surplus goes back after the cut: the last pages each CPU frees stay in its
@@ -550,10 +556,23 @@ impl Fragmenter {
         let surplus: &[(usize, usize)] = if plan.budget.is_some() { &cut.surplus } else { &[] };
         arena.free(surplus)?;
         let surplus_pages: u64 = surplus.iter().map(|(s, e)| (e - s) as u64).sum();
-        let kept = kept_pages(&pfns, &cut, plan.budget.is_some());
+        let mut traded = 0;
+        if let Some(t) = trade.filter(|t| !t.runs.is_empty()) {
+            arena.free(&t.runs)?;
+            traded = t.outside + t.inside;
+            bounds.push(format!(
+                "trade: {} free in blocks of order ≥ {} (the reserve fraglab left) for {} of held memory \
+                 freed in blocks below it ({} outside the target's zones, {} inside); the keeper's rings \
+                 take the high-order blocks",
+                mib(t.left * PAGE_SIZE as u64),
+                plan.region_order(),
+                mib(traded * PAGE_SIZE as u64),
+                mib(t.outside * PAGE_SIZE as u64),
+                mib(t.inside * PAGE_SIZE as u64)
+            ));
+        }
         // One u64 per page taken, and the frame bitmap: freed now so their pages do not become a
         // free high-order block after the last check (measured in a 1 GiB guest).
-        drop(in_zone);
         drop(pfns);
         drop(owned);
 
@@ -588,7 +607,9 @@ impl Fragmenter {
             target: plan.target.clone(),
             pin: plan.pin,
             budget: plan.budget,
-            held_bytes: (arena.pages() as u64 - cut.freed_pages() - surplus_pages) * PAGE_SIZE as u64,
+            held_bytes: (arena.pages() as u64 - cut.freed_pages() - surplus_pages - traded)
+                * PAGE_SIZE as u64,
+            traded_bytes: traded * PAGE_SIZE as u64,
             surplus_bytes: surplus_pages * PAGE_SIZE as u64,
             freed_bytes: cut.freed_pages() * PAGE_SIZE as u64,
             planned: cut.blocks.clone(),
@@ -608,14 +629,51 @@ impl Fragmenter {
             events: Vec::new(),
             target_lost: None,
             keeping: None,
+            zones: zone_cuts,
         };
         let mut f = Fragmenter { plan, arena, journal, cut, kept, fill, keeper, status };
         // The hold's first look: its record starts with the hold.
         f.keep_now()?;
+        if f.plan.trades_reserve() && f.rebreaking() {
+            f.rebreak_reserve(stop)?;
+        }
         // What settle just checked block by block needs no second read of /proc/kpageflags; after a
         // fill it does.
         f.refresh_with(intact)?;
         Ok(f)
+    }
+
+    /// Whole machine, profile: let the keeper take the reserve's high-order blocks, look after look,
+    /// until none is left in the zones in play, or 2 s pass (at 64 blocks a look every 10 ms, a
+    /// reserve of 12 000 order-4 blocks), or `stop` is set.
+    fn rebreak_reserve(&mut self, stop: &AtomicBool) -> Result<()> {
+        const BOUND: Duration = Duration::from_secs(2);
+        let start = Instant::now();
+        let k = self.plan.region_order();
+        let why = loop {
+            let left = leftover_pages(&BuddyInfo::read()?, k);
+            if left == 0 {
+                break format!("no free block of order ≥ {k} left after {} ms", start.elapsed().as_millis());
+            }
+            if stop.load(Ordering::Relaxed) {
+                break format!("stopped with {} still free at order ≥ {k}", mib(left * PAGE_SIZE as u64));
+            }
+            if !self.rebreaking() || start.elapsed() >= BOUND {
+                let note = self.keeper.status().note.unwrap_or_default();
+                break format!(
+                    "{} still free at order ≥ {k} after {} ms {note}",
+                    mib(left * PAGE_SIZE as u64),
+                    start.elapsed().as_millis()
+                );
+            }
+            std::thread::sleep(crate::keeper::KEEP_EVERY);
+            self.keep_now()?;
+        };
+        self.status.bounds.push(format!("rebreak: {}", why.trim_end()));
+        // The hold begins now: its record with it.
+        self.keeper.restart_record();
+        self.keep_now()?;
+        Ok(())
     }
 
     /// Re-read buddyinfo, which planned blocks are still free, and which held pages moved.
@@ -632,6 +690,13 @@ impl Fragmenter {
                 None => intact_blocks(&self.cut.at, self.plan.nr_orders)?,
             };
             self.status.moved_pages = moved_pages(&self.arena, &self.kept)?;
+            // Each zone's blocks are a run of the sorted list: zones do not overlap.
+            for z in &mut self.status.zones {
+                let at = &self.cut.at;
+                let (a, b) =
+                    (at.partition_point(|&(p, _)| p < z.start), at.partition_point(|&(p, _)| p < z.end));
+                z.intact = intact_blocks(&at[a..b], self.plan.nr_orders)?;
+            }
         }
         self.status.keeping = Some(self.keeper.status());
         Ok(&self.status)
@@ -739,11 +804,16 @@ fn moved_pages(arena: &Arena, kept: &[(usize, u64)]) -> Result<u64> {
 }
 
 /// Every arena page the cut keeps, with its PFN, to notice migration later. Surplus pages are not
-/// kept when they were given back.
-fn kept_pages(pfns: &[u64], cut: &Cut, surplus_given_back: bool) -> Vec<(usize, u64)> {
+/// kept when they were given back, nor the pages of `traded` runs.
+fn kept_pages(
+    pfns: &[u64],
+    cut: &Cut,
+    surplus_given_back: bool,
+    traded: &[(usize, usize)],
+) -> Vec<(usize, u64)> {
     let mut gone = vec![false; pfns.len()];
     let surplus: &[(usize, usize)] = if surplus_given_back { &cut.surplus } else { &[] };
-    for &(s, e) in cut.runs.iter().chain(surplus) {
+    for &(s, e) in cut.runs.iter().chain(surplus).chain(traded) {
         gone[s..e].iter_mut().for_each(|g| *g = true);
     }
     pfns.iter().enumerate().filter(|&(i, _)| !gone[i]).map(|(i, &pfn)| (i, pfn)).collect()
@@ -754,7 +824,8 @@ fn kept_pages(pfns: &[u64], cut: &Cut, surplus_given_back: bool) -> Vec<(usize, 
 fn naive_cut(pages: usize, target: &Target, nr_orders: usize) -> Cut {
     let want = match target {
         Target::MaxFreeOrder { free_bytes, .. } => (*free_bytes / PAGE_SIZE as u64) as usize,
-        Target::Profile { free, .. } => free.iter().enumerate().map(|(o, n)| (*n as usize) << o).sum(),
+        Target::Profile { free, .. } => pages_in(free),
+        Target::Zones { zones, .. } => zones.iter().map(|z| pages_in(&z.free)).sum(),
     };
     let runs: Vec<(usize, usize)> = (0..pages).step_by(2).map(|i| (i, i + 1)).take(want).collect();
     Cut {
@@ -764,6 +835,107 @@ fn naive_cut(pages: usize, target: &Target, nr_orders: usize) -> Cut {
         missing_blocks: vec![0; nr_orders],
         missing_pages: 0,
         surplus: Vec::new(),
+    }
+}
+
+fn pages_in(free: &[u64]) -> usize {
+    free.iter().enumerate().map(|(o, n)| (*n as usize) << o).sum()
+}
+
+/// One zone of a zone-placed target after the cut, for status: what the cut made there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ZoneCut {
+    /// `Node 1, zone DMA32`.
+    pub zone: String,
+    pub planned: Vec<u64>,
+    /// Of those, the ones still free at the last refresh.
+    pub intact: Vec<u64>,
+    pub missing: Vec<u64>,
+    /// The factor the zone's profile was scaled by to fit the pages taken there (1 = unscaled).
+    pub scale: f64,
+    /// Frames `[start, end)`: which planned blocks are this zone's.
+    pub start: u64,
+    pub end: u64,
+}
+
+/// Choose the pages to free for the plan's target, in the frames its place allows. Returns the cut,
+/// the factor a profile was scaled by (the smallest of its zones'), and, for a target placed in
+/// zones, what the cut made in each.
+fn cut_target(
+    plan: &Plan,
+    pfns: &[u64],
+    owned: &Frames,
+    pages: usize,
+    bounds: &mut Vec<String>,
+) -> (Cut, f64, Vec<ZoneCut>) {
+    let spans = &plan.place.zones;
+    // Only the zone's own frames are the cut's: elsewhere, frame 0 (none).
+    let masked = |zone: &[ZoneSpan]| -> Vec<u64> {
+        pfns.iter().map(|&p| if zone.iter().any(|z| z.contains(p)) { p } else { 0 }).collect()
+    };
+    if !spans.is_empty() {
+        let outside = pfns.iter().filter(|&&p| p != 0 && !spans.iter().any(|z| z.contains(p))).count();
+        if outside > 0 {
+            let names: Vec<String> = spans.iter().map(ZoneSpan::label).collect();
+            bounds.push(format!(
+                "zone: {} of {} taken outside {}: {}, not cut",
+                mib(outside as u64 * PAGE_SIZE as u64),
+                mib(pfns.len() as u64 * PAGE_SIZE as u64),
+                names.join(", "),
+                if plan.budget.is_some() { "given back" } else { "held" }
+            ));
+        }
+    }
+    match &plan.target {
+        Target::MaxFreeOrder { order, free_bytes } => (
+            shape::max_free_order(pfns, owned, *order, free_bytes / PAGE_SIZE as u64, plan.nr_orders),
+            1.0,
+            vec![],
+        ),
+        Target::Profile { free, .. } => {
+            // A budget bounds what is shaped; memory taken beyond it only to find whole aligned
+            // regions is surplus, given back after the cut, and must not unscale it.
+            let fit = plan.budget.map_or(pages as u64, |b| (b / PAGE_SIZE as u64).min(pages as u64));
+            let (scaled, f) = shape::scale_profile(free, fit);
+            let cut = match spans.is_empty() {
+                true => shape::profile(pfns, &scaled, plan.nr_orders),
+                false => shape::profile(&masked(spans), &scaled, plan.nr_orders),
+            };
+            let zones =
+                spans.first().map(|z| zone_cut(z, &cut, &cut.missing_blocks, f)).into_iter().collect();
+            (cut, f, zones)
+        }
+        Target::Zones { zones, .. } => {
+            let mut all = Cut {
+                blocks: vec![0; plan.nr_orders],
+                missing_blocks: vec![0; plan.nr_orders],
+                ..Cut::default()
+            };
+            let (mut scale, mut cuts) = (1.0f64, Vec::new());
+            for (line, span) in zones.iter().zip(spans) {
+                let mine = masked(std::slice::from_ref(span));
+                // Each line is scaled to the pages taken in its own zone.
+                let there = mine.iter().filter(|&&p| p != 0).count() as u64;
+                let (scaled, f) = shape::scale_profile(&line.free, there);
+                let cut = shape::profile(&mine, &scaled, plan.nr_orders);
+                scale = scale.min(f);
+                cuts.push(zone_cut(span, &cut, &cut.missing_blocks, f));
+                all.merge(cut);
+            }
+            (all, scale, cuts)
+        }
+    }
+}
+
+fn zone_cut(span: &ZoneSpan, cut: &Cut, missing: &[u64], scale: f64) -> ZoneCut {
+    ZoneCut {
+        zone: span.label(),
+        planned: cut.blocks.clone(),
+        intact: vec![0; cut.blocks.len()],
+        missing: missing.to_vec(),
+        scale,
+        start: span.start,
+        end: span.end,
     }
 }
 
@@ -850,6 +1022,76 @@ fn settle_planned(
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Whole machine, profile: the reserve fraglab did not take is free memory in blocks of every
+/// order, high ones included — and it sits in the lowest zones, the allocator's last resort, where
+/// a lower zone's profile is cut. The reporter's machine had no such blocks, so trade them: free as
+/// much of the held memory in blocks below the region order `k` (max-free-order style, in whole aligned regions
+/// the cut never touched), so that the keeper's rings can then take the high-order blocks without
+/// MemAvailable going below the reserve. Each zone's share is freed in that zone when it is not one
+/// of the target's: a zone near its watermark hands its last blocks to no ordinary allocation, the
+/// rings included (measured: a 5 GiB two-node guest kept 37 MiB of node 0's DMA32 blocks when the
+/// trade freed it all in node 1's Normal). The rest — a target zone's share, or what a zone's own
+/// held memory could not give — comes from any zone outside the target's, then from inside them.
+fn trade_reserve(held: &[u64], cut: &Cut, plan: &Plan, now: &BuddyInfo) -> Result<Trade> {
+    let k = plan.region_order();
+    let zoneinfo = ZoneInfo::read()?;
+    let targets = &plan.place.zones;
+    let in_target = |p: u64| targets.iter().any(|z| z.contains(p));
+    // What the cut frees is not held.
+    let mut taken = vec![false; held.len()];
+    for &(s, e) in &cut.runs {
+        taken[s..e].iter_mut().for_each(|t| *t = true);
+    }
+    let left = leftover_pages(now, k);
+    let mut trade = Trade { runs: Vec::new(), left, outside: 0, inside: 0 };
+    // Cut `want` pages out of the held pages `pick` allows and no earlier share took.
+    let mut cut_in = |pick: &dyn Fn(u64) -> bool, want: u64, trade: &mut Trade, inside: bool| -> u64 {
+        if want == 0 {
+            return 0;
+        }
+        let pfns: Vec<u64> =
+            held.iter().zip(&taken).map(|(&p, &t)| if p != 0 && !t && pick(p) { p } else { 0 }).collect();
+        let cut = shape::max_free_order(&pfns, &Frames::from_pfns(&pfns, k), k, want, plan.nr_orders);
+        for &(s, e) in &cut.runs {
+            taken[s..e].iter_mut().for_each(|t| *t = true);
+        }
+        let freed = cut.freed_pages();
+        trade.runs.extend(cut.runs);
+        if inside {
+            trade.inside += freed;
+        } else {
+            trade.outside += freed;
+        }
+        freed
+    };
+    let mut rest = 0;
+    for z in now.zones.iter().filter(|z| crate::keeper::in_play(&z.zone)) {
+        let left = z.free_pages_at_or_above(k);
+        let span = zoneinfo.zone(z.node, &z.zone).and_then(|z| z.span());
+        match span {
+            Some((s, e)) if left > 0 && !targets.iter().any(|t| t.node == z.node && t.zone == z.zone) => {
+                rest += left - cut_in(&|p| (s..e).contains(&p), left, &mut trade, false);
+            }
+            _ => rest += left,
+        }
+    }
+    rest -= cut_in(&|p| !in_target(p), rest, &mut trade, false);
+    if !targets.is_empty() {
+        cut_in(&in_target, rest, &mut trade, true);
+    }
+    trade.runs.sort_unstable();
+    Ok(trade)
+}
+
+/// What [`trade_reserve`] frees: arena page runs, and how many pages outside and inside the
+/// target's zones, for `left` pages free at or above the region order.
+struct Trade {
+    runs: Vec<(usize, usize)>,
+    left: u64,
+    outside: u64,
+    inside: u64,
 }
 
 /// Free pages in blocks of order ≥ `k` in the zones a whole-machine target covers: all but DMA,

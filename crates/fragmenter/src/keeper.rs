@@ -330,6 +330,12 @@ impl Keeper {
         Arc::clone(&self.timeline)
     }
 
+    /// Start the record afresh: what was lost before the hold began (while shaping took the
+    /// reserve's blocks) is not a loss of the hold.
+    pub fn restart_record(&mut self) {
+        *lock(&self.timeline) = Timeline::default();
+    }
+
     pub fn status(&self) -> Keeping {
         let t = lock(&self.timeline);
         let now = fraglab_probe::snapshot::monotonic_ns().unwrap_or(0);
@@ -421,7 +427,10 @@ impl Keeper {
     }
 
     /// Take every free block of the order or above that `b` shows in the zones in play, largest
-    /// first. Returns a line when re-breaking had to stop for good.
+    /// first. An order the kernel refuses is not asked again in this look, but the smaller ones
+    /// still are (a block it will not hand out — a zone's last free memory above its watermark, a
+    /// HighAtomic reserve — must not keep every other block free); after a refusal the next look
+    /// waits. Returns a line when re-breaking had to stop for good.
     fn rebreak(&mut self, b: &BuddyInfo) -> Result<Option<String>> {
         let k = self.status.order;
         let mut wanted = vec![0u64; b.nr_orders()];
@@ -432,6 +441,7 @@ impl Keeper {
         }
         let mut available = crate::arena::mem_available()?;
         let mut asked = 0;
+        let mut refused = false;
         for o in (k..wanted.len()).rev() {
             for _ in 0..wanted[o] {
                 if asked == MAX_PER_LOOK {
@@ -473,9 +483,8 @@ impl Keeper {
                     }
                     Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
                         self.status.refused += 1;
-                        self.backoff_until = Some(Instant::now() + self.backoff);
-                        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                        return Ok(None);
+                        refused = true;
+                        break;
                     }
                     Err(e) => {
                         let why = format!("stopped re-breaking: a pipe ring of order {o}: {e}");
@@ -483,6 +492,10 @@ impl Keeper {
                     }
                 }
             }
+        }
+        if refused {
+            self.backoff_until = Some(Instant::now() + self.backoff);
+            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         }
         Ok(None)
     }

@@ -33,6 +33,35 @@ impl Cut {
     pub fn freed_pages(&self) -> u64 {
         self.runs.iter().map(|(s, e)| (e - s) as u64).sum()
     }
+
+    /// Add a cut made in other pages (another zone's): its runs, blocks and what it missed.
+    pub fn merge(&mut self, other: Cut) {
+        for (sum, n) in self.blocks.iter_mut().zip(&other.blocks) {
+            *sum += n;
+        }
+        for (sum, n) in self.missing_blocks.iter_mut().zip(&other.missing_blocks) {
+            *sum += n;
+        }
+        self.missing_pages += other.missing_pages;
+        self.at.extend(other.at);
+        self.runs = merged(std::mem::take(&mut self.runs), other.runs);
+        self.surplus = merged(std::mem::take(&mut self.surplus), other.surplus);
+    }
+}
+
+/// Two sets of disjoint `[start, end)` runs as one, ascending, touching runs joined.
+fn merged(a: Vec<(usize, usize)>, b: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+    let mut all = a;
+    all.extend(b);
+    all.sort_unstable();
+    let mut out: Vec<(usize, usize)> = Vec::with_capacity(all.len());
+    for (s, e) in all {
+        match out.last_mut() {
+            Some((_, end)) if *end == s => *end = e,
+            _ => out.push((s, e)),
+        }
+    }
+    out
 }
 
 /// Our pages grouped into aligned, fully owned physical regions, by order.

@@ -19,6 +19,87 @@ pub enum Target {
         zone: Option<String>,
         free: Vec<u64>,
     },
+    /// A whole machine's state: every node/zone line of a saved `/proc/buddyinfo` or a report's
+    /// Mem-Info block, each reproduced in its own zone at once (`--profile-file`).
+    Zones {
+        zones: Vec<ZoneProfile>,
+        /// Lines of the file that are not shaped, and why (`Node 0, zone DMA: …`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        skipped: Vec<String>,
+    },
+}
+
+/// One zone's line of a [`Target::Zones`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZoneProfile {
+    pub node: u32,
+    pub zone: String,
+    pub free: Vec<u64>,
+    /// Where the line was in the file (1-based).
+    pub line: usize,
+}
+
+impl ZoneProfile {
+    /// `Node 1, zone Normal`, as buddyinfo labels it.
+    pub fn label(&self) -> String {
+        format!("Node {}, zone {}", self.node, self.zone)
+    }
+}
+
+/// Every node/zone line of a profile file: a saved `/proc/buddyinfo`, or a report's Mem-Info block
+/// (`Node 0 DMA32: 2137*4kB (UME) … = 48892kB`), as pasted, with log prefixes — read by the same
+/// scanner as `fraglab scan`, so a line scan reads is one this takes. A line without a node (a
+/// kernel without NUMA) is node 0's. Anything else in the file is read past; a line that looks like
+/// a profile but does not parse, a zone given twice (two reports pasted together) or a file with no
+/// line is an error naming the file and line.
+pub fn parse_profile_file(text: &str, path: &std::path::Path) -> Result<Vec<ZoneProfile>, String> {
+    use fraglab_probe::kmsg::{scan_log, KmsgEvent};
+    let scan = scan_log(text, path);
+    if let Some(w) = scan.warnings.first() {
+        return Err(format!("{w}: fix or remove the line"));
+    }
+    let mut zones: Vec<ZoneProfile> = Vec::new();
+    for found in scan.events {
+        let z = match found.event {
+            KmsgEvent::BuddyInfo(z) => {
+                ZoneProfile { node: z.node, zone: z.zone, free: z.free, line: found.line }
+            }
+            KmsgEvent::FreeArea(a) => {
+                let at = format!("{}:{}", path.display(), found.line);
+                let Some(zone) = a.zone else {
+                    return Err(format!("{at}: the free-area line names no zone"));
+                };
+                if a.page_kb != 4 {
+                    return Err(format!(
+                        "{at}: the line's order-0 blocks are {}kB: only 4kB-page profiles can be reproduced here",
+                        a.page_kb
+                    ));
+                }
+                ZoneProfile { node: a.node.unwrap_or(0), zone, free: a.free, line: found.line }
+            }
+            _ => continue,
+        };
+        plausible(&z.free).map_err(|e| format!("{}:{}: {e}", path.display(), z.line))?;
+        if let Some(first) = zones.iter().find(|o| o.node == z.node && o.zone == z.zone) {
+            return Err(format!(
+                "{}:{}: {} is given a second time (first on line {}): keep one report's block or one \
+                 buddyinfo in the file",
+                path.display(),
+                z.line,
+                z.label(),
+                first.line
+            ));
+        }
+        zones.push(z);
+    }
+    if zones.is_empty() {
+        return Err(format!(
+            "{}: no buddyinfo line (`Node 0, zone Normal 1 2 3 …`) and no Mem-Info free-area line \
+             (`Node 0 Normal: 1*4kB … = 4kB`) in it",
+            path.display()
+        ));
+    }
+    Ok(zones)
 }
 
 /// A pasted profile line, read: where it came from when it says, and its counts.

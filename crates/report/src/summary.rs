@@ -72,6 +72,12 @@ pub fn render_run(run: &Run) -> String {
         o += &fragment_line(f);
         o += &format!("  planned free blocks per order: {}\n", describe::counts(&f.planned));
         o += &format!("  intact at the end:             {}\n", describe::counts(&f.intact));
+        for z in describe::zone_cuts(&f.zones) {
+            o += &format!("  {z}\n");
+        }
+        if let Some(t) = describe::traded(f.traded_bytes) {
+            o += &format!("  {t}\n");
+        }
         for z in &f.buddyinfo_now.zones {
             o += &format!("  buddyinfo Node {}, zone {:<8} {}\n", z.node, z.zone, describe::counts(&z.free));
         }

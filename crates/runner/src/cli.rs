@@ -148,6 +148,10 @@ pub struct FragmentArgs {
     /// `<4>`, syslog or journal prefix is taken off.
     #[arg(long, value_name = "LINE")]
     pub profile: Option<String>,
+    /// Reproduce every node/zone line of this file at once — a saved /proc/buddyinfo or a report's
+    /// Mem-Info block, as pasted — each in its own zone (whole machine: best in `fraglab vm --numa`).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["profile", "max_free_order"])]
+    pub profile_file: Option<std::path::PathBuf>,
     /// Shape only this much memory (shared machines, tests); success is judged on the memory taken.
     #[arg(long, value_name = "SIZE")]
     pub budget: Option<String>,

@@ -24,6 +24,8 @@ pub struct FragmentSpec {
     pub max_free_order: Option<usize>,
     pub free: Option<String>,
     pub profile: Option<String>,
+    /// A saved `/proc/buddyinfo` or a report's Mem-Info block: every node/zone line at once.
+    pub profile_file: Option<String>,
     pub budget: Option<String>,
     /// The NUMA node to shape (budget mode); a profile line that names its node says it itself.
     pub node: Option<u32>,
@@ -50,6 +52,7 @@ impl From<&FragmentArgs> for FragmentSpec {
             max_free_order: a.max_free_order,
             free: a.free.clone(),
             profile: a.profile.clone(),
+            profile_file: a.profile_file.as_ref().map(|p| p.display().to_string()),
             budget: a.budget.clone(),
             node: a.node,
             pin: Some(match a.pin {
@@ -173,13 +176,39 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         .as_deref()
         .map(|l| parse_profile(l).map_err(|e| anyhow::anyhow!("{} {l:?}: {e}", key("profile"))))
         .transpose()?;
+    let given: Vec<&str> = [
+        ("max_free_order", spec.max_free_order.is_some()),
+        ("profile", spec.profile.is_some()),
+        ("profile_file", spec.profile_file.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(k, set)| set.then_some(k))
+    .collect();
+    if given.len() > 1 {
+        let keys: Vec<String> = given.iter().map(|k| key(k)).collect();
+        bail!("{} all given: choose one target", keys.join(" and "));
+    }
+    if let Some(path) = &spec.profile_file {
+        let (target, place) = profile_file(spec, path, budget, m, key)?;
+        return Ok(Plan {
+            target,
+            budget,
+            pin,
+            reserve,
+            floor,
+            no_proactive_compaction: spec.no_proactive_compaction,
+            nr_orders: m.nr_orders,
+            keep: spec.keep,
+            place,
+        });
+    }
     let place = place(spec, line.as_ref(), budget, reserve, m, key)?;
     let line_node = line.as_ref().and_then(|l| l.node);
     let target = match (spec.max_free_order, line) {
-        (Some(_), Some(_)) => {
-            bail!("{} and {} both given: choose one target", key("max_free_order"), key("profile"))
+        (Some(_), Some(_)) => unreachable!("refused above: one target"),
+        (None, None) => {
+            bail!("no target: give {}, {} or {}", key("max_free_order"), key("profile"), key("profile_file"))
         }
-        (None, None) => bail!("no target: give {} or {}", key("max_free_order"), key("profile")),
         (Some(order), None) => {
             fragment::check_order(order, m.nr_orders)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", key("max_free_order")))?;
@@ -202,18 +231,7 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
             if spec.free.is_some() {
                 bail!("{} applies to max_free_order targets; a profile says its own sizes", key("free"));
             }
-            if free.len() > m.nr_orders {
-                if free[m.nr_orders..].iter().any(|&n| n > 0) {
-                    bail!(
-                        "{}: the line has free blocks of order {} but this kernel's largest order is {}",
-                        key("profile"),
-                        free.len() - 1,
-                        m.nr_orders - 1
-                    );
-                }
-                free.truncate(m.nr_orders);
-            }
-            free.resize(m.nr_orders, 0);
+            fit_orders(&mut free, m.nr_orders).map_err(|e| anyhow::anyhow!("{}: {e}", key("profile")))?;
             // As the line says it; where it is built is the plan's place.
             Target::Profile { node: line_node, zone, free }
         }
@@ -229,6 +247,94 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         keep: spec.keep,
         place,
     })
+}
+
+/// Counts for this kernel's orders: a line with more orders is taken only if the extra are 0.
+fn fit_orders(free: &mut Vec<u64>, nr_orders: usize) -> Result<(), String> {
+    if free.len() > nr_orders {
+        if free[nr_orders..].iter().any(|&n| n > 0) {
+            return Err(format!(
+                "the line has free blocks of order {} but this kernel's largest order is {}",
+                free.len() - 1,
+                nr_orders - 1
+            ));
+        }
+        free.truncate(nr_orders);
+    }
+    free.resize(nr_orders, 0);
+    Ok(())
+}
+
+/// A whole machine's state from a file: every node/zone line, each in its own zone. Whole machine
+/// only: a lower zone's line needs the zones above it exhausted, and the lines together are the
+/// machine's free memory. A line whose node or zone this machine lacks is an error naming the line;
+/// DMA lines, which every Mem-Info block has, are skipped with the reason.
+fn profile_file(
+    spec: &FragmentSpec,
+    path: &str,
+    budget: Option<u64>,
+    m: &Machine,
+    key: &dyn Fn(&str) -> String,
+) -> Result<(Target, Place)> {
+    let at = format!("{} = {path:?}", key("profile_file"));
+    if spec.free.is_some() || spec.node.is_some() {
+        bail!(
+            "{at}: {} applies to the other targets; the file's lines say their own sizes and nodes",
+            if spec.free.is_some() { key("free") } else { key("node") }
+        );
+    }
+    if budget.is_some() {
+        bail!(
+            "{at} with {}: a machine's state is shaped whole — each line in its own zone, and a lower \
+             zone's only with the zones above it exhausted. Drop the budget and run it in a guest \
+             (`fraglab vm --numa N --script …`)",
+            key("budget")
+        );
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{at}: cannot read it: {e}"))?;
+    let lines = fraglab_fragmenter::target::parse_profile_file(&text, std::path::Path::new(path))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", key("profile_file")))?;
+    let zi = &m.zoneinfo;
+    let nodes = zi.nodes();
+    let (mut zones, mut spans, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
+    let most_nodes = lines.iter().map(|l| l.node + 1).max().unwrap_or(1);
+    for mut l in lines {
+        let here = format!("{}: {path}:{}: {}", key("profile_file"), l.line, l.label());
+        if !nodes.contains(&l.node) {
+            let have: Vec<String> = nodes.iter().map(|n| format!("node {n}")).collect();
+            bail!(
+                "{here}: node {} does not exist here: this machine has memory on {} (/proc/zoneinfo). \
+                 Boot a guest with the file's nodes (`fraglab vm --numa {most_nodes}`)",
+                l.node,
+                have.join(", ")
+            );
+        }
+        if l.zone == "DMA" {
+            skipped.push(format!(
+                "{} (line {}): zone DMA is kept for DMA allocations (lowmem_reserve); user pages never reach it",
+                l.label(),
+                l.line
+            ));
+            continue;
+        }
+        let Some(span) = zi.zone(l.node, &l.zone).filter(|z| z.populated()).and_then(|z| z.span()) else {
+            let zones: Vec<String> = zi.node_zones(l.node).map(|z| z.zone.clone()).collect();
+            bail!(
+                "{here}: zone {} does not exist on node {} here: it has {} (/proc/zoneinfo); a guest's zones \
+                 follow its memory (DMA32 below 4 GiB, Normal above: `fraglab vm --mem`)",
+                l.zone,
+                l.node,
+                zones.join(", ")
+            );
+        };
+        fit_orders(&mut l.free, m.nr_orders).map_err(|e| anyhow::anyhow!("{here}: {e}"))?;
+        spans.push(ZoneSpan { node: l.node, zone: l.zone.clone(), start: span.0, end: span.1 });
+        zones.push(l);
+    }
+    if zones.is_empty() {
+        bail!("{at}: no line left to shape once DMA is skipped");
+    }
+    Ok((Target::Zones { zones, skipped }, Place { bind: None, zones: spans }))
 }
 
 /// Where the memory must come from: `--node`, or the node and zone the profile line names, checked
@@ -339,5 +445,5 @@ fn place(
         }
         _ => None,
     };
-    Ok(Place { bind, zone })
+    Ok(Place { bind, zones: zone.into_iter().collect() })
 }

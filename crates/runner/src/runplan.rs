@@ -61,6 +61,14 @@ pub use fraglab_results::record::Expect;
 /// keeper's looks — a block seen and re-broken at one look counts from the look before it.
 pub const DEFAULT_LOST_TOLERANCE: Duration = Duration::from_millis(100);
 
+/// A config's `profile_file`, relative to the config's own directory as a path in a file reads.
+pub fn profile_file_beside(src: &Source, spec: &resolve::FragmentSpec) -> Option<String> {
+    spec.profile_file.as_ref().map(|p| match src.path.parent() {
+        Some(dir) if std::path::Path::new(p).is_relative() => dir.join(p).display().to_string(),
+        _ => p.clone(),
+    })
+}
+
 /// Build the plan. `m` is what the machine allows, read once by the caller.
 pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
     if cfg.run.name.trim().is_empty() || cfg.run.name.contains('/') {
@@ -70,7 +78,10 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
         bail!("{}: must be at least 1", src.locate(&["run", "iterations"]));
     }
     let fragment = match &cfg.fragment {
-        Some(spec) if spec.enabled => Some(resolve::fragment(spec, m, &|k| src.locate(&["fragment", k]))?),
+        Some(spec) if spec.enabled => {
+            let spec = resolve::FragmentSpec { profile_file: profile_file_beside(src, spec), ..spec.clone() };
+            Some(resolve::fragment(&spec, m, &|k| src.locate(&["fragment", k]))?)
+        }
         _ => None,
     };
     let lost_tolerance = match cfg.fragment.as_ref().and_then(|f| f.lost_tolerance.as_deref()) {

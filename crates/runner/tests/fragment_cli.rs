@@ -214,17 +214,24 @@ fn whole_machine_and_scaled_dry_runs() -> Vec<DryRun> {
     let meminfo = "Normal: 512*4kB (UME) 97*8kB (UM) 12*16kB (M) = 3016kB";
     let seed = "Node 0, zone Normal 40773 37 34 29 0 0 0 0 0 0 0";
     vec![
-        // Whole machine, profile: no pipe fill happens, so none may be promised.
+        // Whole machine, profile: no pipe fill happens, so none may be promised; below order 4 no
+        // trade either.
         (
             vec!["fragment", "--profile", meminfo, "--dry-run"],
             vec![
                 "target:   whole machine, profile of zone Normal: free blocks per order 512 97 12 0",
-                "no pipe fill for a profile target",
+                "the reserve keeps its own free blocks beside the profile's",
                 "fits unscaled",
                 "!! WHOLE MACHINE on this host",
                 "--budget SIZE",
             ],
             vec!["then pipe pages", "[512"],
+        ),
+        // Seed 000's profile, whole machine: the reserve's blocks of order ≥ 4 are traded.
+        (
+            vec!["fragment", "--profile", seed, "--dry-run"],
+            vec!["then the reserve's free blocks of order ≥ 4 are traded", "keep:     re-break"],
+            vec!["then pipe pages"],
         ),
         // Whole machine, max free order: the pipe fill does run.
         (

@@ -390,6 +390,12 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
     if let Some(scaled) = describe::scaled_profile(&s.target, s.scale, s.budget, &s.planned, &s.missing) {
         println!("  {scaled}");
     }
+    for z in describe::zone_cuts(&s.zones) {
+        println!("  {z}");
+    }
+    if let Some(t) = describe::traded(s.traded_bytes) {
+        println!("  {t}");
+    }
     println!("  held pages moved since the cut: {}", s.moved_pages);
     if let Some(left) = s.leftover_pages {
         println!(

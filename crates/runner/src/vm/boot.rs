@@ -101,8 +101,17 @@ fn named_files(command: &[String]) -> Result<(Vec<(PathBuf, String)>, bool)> {
     let (files, is_run) = match &cli.command {
         Command::Run(r) => {
             warn_if_results_stay_in_guest(r);
-            (vec![r.config.clone()], true)
+            // A config's profile file goes where the guest's run will look: beside the config.
+            let profile = crate::config::Source::read(&r.config)
+                .ok()
+                .and_then(|src| {
+                    let spec = src.parse().ok()?.fragment?;
+                    crate::runplan::profile_file_beside(&src, &spec)
+                })
+                .map(PathBuf::from);
+            (std::iter::once(r.config.clone()).chain(profile).collect(), true)
         }
+        Command::Fragment(f) if f.profile_file.is_some() => (f.profile_file.iter().cloned().collect(), false),
         Command::Scan(s) if s.log != Path::new("-") => (vec![s.log.clone()], false),
         _ => (Vec::new(), false),
     };
