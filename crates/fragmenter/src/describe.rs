@@ -453,14 +453,18 @@ mod tests {
         let prof =
             text(&plan(Target::Profile { node: None, zone: None, free: vec![512, 97, 12] }, None), 24 << 30);
         assert!(
-            prof.contains("the reserve keeps its own free blocks beside the profile's, high orders included: \
-                           the profile's region order 3 is below the keeper's smallest ring (4)"),
+            prof.contains(
+                "the reserve keeps its own free blocks beside the profile's, high orders included: \
+                           the profile's region order 3 is below the keeper's smallest ring (4)"
+            ),
             "{prof}"
         );
         assert!(!prof.contains("then pipe pages") && !prof.contains("traded"), "{prof}");
         // Region order 4: the reserve's blocks of order ≥ 4 are traded, not filled.
-        let traded =
-            text(&plan(Target::Profile { node: None, zone: None, free: vec![512, 97, 12, 3] }, None), 24 << 30);
+        let traded = text(
+            &plan(Target::Profile { node: None, zone: None, free: vec![512, 97, 12, 3] }, None),
+            24 << 30,
+        );
         assert!(traded.contains("then the reserve's free blocks of order ≥ 4 are traded"), "{traded}");
         assert!(traded.contains("re-break"), "{traded}");
         assert!(!traded.contains("pipe pages"), "{traded}");

@@ -246,6 +246,50 @@ mod tests {
         assert_eq!(parse_profile(buddy).unwrap().free[..4], [40773, 37, 34, 29]);
     }
 
+    /// A whole report: its Mem-Info block's free-area lines are the file's lines, node by node
+    /// (the 8-node SLE 15 machine of the captures), everything else in the log is read past.
+    #[test]
+    fn profile_file_of_a_mem_info_block() {
+        let path =
+            std::path::Path::new("lkml-2022-08-23-sle15-x86-swapper-order10-dmapool-callerid-8node.dmesg");
+        let text = include_str!(
+            "../../probe/tests/captures/kmsg/lkml-2022-08-23-sle15-x86-swapper-order10-dmapool-callerid-8node.dmesg"
+        );
+        let zones = parse_profile_file(text, path).unwrap();
+        let labels: Vec<String> = zones.iter().map(ZoneProfile::label).collect();
+        assert_eq!(labels[..3], ["Node 0, zone DMA", "Node 0, zone DMA32", "Node 0, zone Normal"]);
+        assert_eq!(labels.len(), 10, "{labels:?}");
+        assert_eq!(labels[9], "Node 7, zone Normal");
+        assert_eq!(zones[1].free, vec![0; 11], "DMA32 had nothing free");
+        assert_eq!(zones[2].free[10], 386558);
+        assert!(zones.windows(2).all(|w| w[0].line < w[1].line));
+
+        // Two reports pasted together: the same zone twice is refused, naming both lines.
+        let twice = format!("{text}\n{text}");
+        let e = parse_profile_file(&twice, path).unwrap_err();
+        let first = zones[0].line;
+        assert!(
+            e.contains(&format!("Node 0, zone DMA is given a second time (first on line {first})")),
+            "{e}"
+        );
+        assert!(e.starts_with(&format!("{}:", path.display())), "{e}");
+    }
+
+    /// A saved two-node /proc/buddyinfo (a `fraglab vm --numa 2` guest's), and files that are not.
+    #[test]
+    fn profile_file_of_a_buddyinfo() {
+        let path = std::path::Path::new("buddyinfo");
+        let text = include_str!("../../probe/tests/captures/guest-6.1-numa2/buddyinfo");
+        let zones = parse_profile_file(text, path).unwrap();
+        let at: Vec<(u32, &str, usize)> = zones.iter().map(|z| (z.node, z.zone.as_str(), z.line)).collect();
+        assert_eq!(at, [(0, "DMA", 1), (0, "DMA32", 2), (1, "DMA32", 3)]);
+        let e = parse_profile_file("nothing here\n", path).unwrap_err();
+        assert!(e.contains("buddyinfo: no buddyinfo line"), "{e}");
+        let e = parse_profile_file("Node 0, zone Normal 1 2\nNode 0 DMA32: 1*4kB 1*8kB = 16kB\n", path)
+            .unwrap_err();
+        assert!(e.starts_with("buddyinfo:2: ") && e.contains("12kB"), "{e}");
+    }
+
     #[test]
     fn bare_counts_and_garbage() {
         assert_eq!(parse_profile("3 2 1").unwrap().free, vec![3, 2, 1]);

@@ -645,6 +645,29 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
 
 #[cfg(test)]
 mod tests {
+    use crate::vm::qemu::smp_args;
+
+    /// One socket per node holding a CPU, memory split in address order; nodes past the last CPU
+    /// are memory-only; one node declares nothing.
+    #[test]
+    fn numa_guests_split_memory_and_cpus() {
+        assert_eq!(smp_args(1, 1024, 2), ["-smp", "2"]);
+        let a = smp_args(2, 1024, 2).join(" ");
+        assert_eq!(
+            a,
+            "-smp cpus=2,sockets=2,cores=1,threads=1 \
+             -object memory-backend-ram,id=ram0,size=512M -numa node,nodeid=0,memdev=ram0,cpus=0-0 \
+             -object memory-backend-ram,id=ram1,size=512M -numa node,nodeid=1,memdev=ram1,cpus=1-1"
+        );
+        // 1000 MiB over 3 nodes: 333, 333, and the remainder 334; 2 CPUs leave node 2 memory-only.
+        let a = smp_args(3, 1000, 2).join(" ");
+        assert!(a.starts_with("-smp cpus=2,sockets=2,cores=1,threads=1 "), "{a}");
+        assert!(a.contains("size=333M -numa node,nodeid=1,memdev=ram1,cpus=1-1"), "{a}");
+        assert!(a.ends_with("size=334M -numa node,nodeid=2,memdev=ram2"), "{a}");
+        let a = smp_args(2, 4096, 4).join(" ");
+        assert!(a.contains("cores=2") && a.contains("cpus=0-1") && a.contains("cpus=2-3"), "{a}");
+    }
+
     use super::*;
 
     #[test]

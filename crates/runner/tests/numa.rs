@@ -1,0 +1,332 @@
+//! NUMA nodes and zones (issue 19), in guests with two nodes (`fraglab vm --numa 2`): a budget bound
+//! to a node is built there while the other node keeps its free blocks; the whole machine is shaped on
+//! every node; a whole machine's saved buddyinfo is one target; a lower zone's profile is refused in a
+//! budget and reproduced whole-machine, its line exactly. Two boots, one at a time (TCG guests on a
+//! 2-core machine slow each other down); the budgets, nodes and guest sizes differ between the steps
+//! so no figure lines up by chance.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+use fraglab_probe::buddyinfo::BuddyInfo;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+
+/// Free memory at or above the target order that a held target tolerates per zone: processes that
+/// run and exit after the fragmenter (the script's own `cat`s) give back pages whose buddies are
+/// free; the keeper takes such blocks back within ~10 ms, but a read can fall in between (vm.rs
+/// measured 0.4–4.7 MiB in a 1 GiB guest).
+const TOLERANCE_PAGES: u64 = 1024;
+
+fn vm(args: &[&str]) -> Output {
+    let out = Command::new(FRAGLAB)
+        .args(["vm", "--kernel", "debian-cloud", "--numa", "2", "--timeout", "400s", "--extra-bin", "cat"])
+        .args(["--extra-bin", "sleep"])
+        .args(args)
+        .output()
+        .expect("run fraglab vm");
+    eprintln!(
+        "--- fraglab vm {args:?}: {}\n--- stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fraglab-numa-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn read(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{name} did not come back: {e}"))
+}
+
+fn json(dir: &Path, name: &str) -> serde_json::Value {
+    serde_json::from_str(&read(dir, name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn buddy(dir: &Path, name: &str) -> BuddyInfo {
+    BuddyInfo::parse(&read(dir, name), name).unwrap()
+}
+
+/// Free pages in blocks of order ≥ `k` in one zone.
+fn at_or_above(b: &BuddyInfo, node: u32, zone: &str, k: usize) -> u64 {
+    b.zone(node, zone).map_or(0, |z| z.free_pages_at_or_above(k))
+}
+
+fn numbers(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).collect()
+}
+
+fn bounds(status: &serde_json::Value) -> String {
+    status["bounds"].as_array().unwrap().iter().map(|b| b.as_str().unwrap()).collect::<Vec<_>>().join("\n")
+}
+
+/// At least `percent` of the planned blocks of each order are still free (give or take 3 blocks,
+/// for orders with few), and half of order 0's (order-0 allocations are served from the smallest
+/// blocks: docs/fragmenter.md, known limits).
+fn mostly_intact(zone: &serde_json::Value, at: &str, percent: u64) {
+    let (planned, intact) = (numbers(&zone["planned"]), numbers(&zone["intact"]));
+    for (o, (p, i)) in planned.iter().zip(&intact).enumerate().skip(1) {
+        assert!((i + 3) * 100 >= p * percent, "{at}: order {o}: {i} of {p} planned blocks intact: {zone}");
+    }
+    assert!(intact[0] * 2 >= planned[0], "{at}: order 0: {zone}");
+}
+
+#[test]
+fn node_bound_budgets_whole_machine_and_a_buddyinfo_file_in_a_two_node_guest() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("two-node");
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/captures/numa2-guest-held-max-free-order-4.buddyinfo");
+    let script = dir.join("numa.sh");
+    std::fs::write(
+        &script,
+        "set -e\n\
+         cat /proc/buddyinfo > b0\n\
+         fraglab fragment --profile 'Node 1, zone DMA32 2000 300 150 80 40 16 8 0 0 0 0' --budget 120MiB --daemon > n1.out 2>&1\n\
+         cat /proc/buddyinfo > b1\n\
+         fraglab status --json > n1.json\n\
+         fraglab release > /dev/null\n\
+         cat /proc/buddyinfo > b2\n\
+         fraglab fragment --max-free-order 3 --node 0 --budget 150MiB --daemon > n0.out 2>&1\n\
+         cat /proc/buddyinfo > b3\n\
+         fraglab status --json > n0.json\n\
+         fraglab release > /dev/null\n\
+         fraglab fragment --max-free-order 4 --daemon > whole.out 2>&1\n\
+         sleep 1\n\
+         cat /proc/buddyinfo > b4\n\
+         fraglab status --json > whole.json\n\
+         fraglab release > /dev/null\n\
+         fraglab fragment --profile-file /results/held.buddyinfo --daemon > file.out 2>&1\n\
+         sleep 1\n\
+         cat /proc/buddyinfo > b5\n\
+         fraglab status --json > file.json\n\
+         fraglab release > /dev/null\n\
+         echo script done\n",
+    )
+    .unwrap();
+    let results = dir.join("results");
+    let out = vm(&[
+        "--mem",
+        "1G",
+        "--script",
+        script.to_str().unwrap(),
+        "--file",
+        &format!("{}:held.buddyinfo", file.display()),
+        "--results",
+        results.to_str().unwrap(),
+    ]);
+    for f in ["n1.out", "n0.out", "whole.out", "file.out"] {
+        if let Ok(t) = std::fs::read_to_string(results.join(f)) {
+            eprintln!("--- {f}:\n{t}");
+        }
+    }
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("script done"));
+    // Node 0 of a 1 GiB two-node guest holds DMA and DMA32 (0–512 MiB), node 1 DMA32 only.
+    let b0 = buddy(&results, "b0");
+    assert!(b0.zone(1, "DMA32").is_some() && b0.zone(1, "Normal").is_none(), "{b0:?}");
+
+    // A Node 1 profile in a budget: every page on node 1, the profile there, node 0 untouched.
+    let n1 = json(&results, "n1.json");
+    assert!(
+        bounds(&n1).contains("bind: all ") && bounds(&n1).contains(" pages on node 1"),
+        "{}",
+        bounds(&n1)
+    );
+    let z = &n1["zones"][0];
+    assert_eq!(z["zone"], "Node 1, zone DMA32");
+    assert_eq!(numbers(&z["planned"])[..7], [2000, 300, 150, 80, 40, 16, 8], "unscaled: {z}");
+    mostly_intact(z, "node 1 profile", 90);
+    let b1 = buddy(&results, "b1");
+    let big = |b: &BuddyInfo, n| at_or_above(b, n, "DMA32", 9);
+    assert!(big(&b1, 0) + TOLERANCE_PAGES >= big(&b0, 0), "node 0 kept its blocks: {b0:?} → {b1:?}");
+    // What the hold keeps (the profile's regions; the rest of the budget went back) came out of node
+    // 1's large blocks.
+    let held = |s: &serde_json::Value| s["held_bytes"].as_u64().unwrap() / 4096;
+    assert!(held(&n1) > 1000, "{}", n1["held_bytes"]);
+    assert!(big(&b1, 1) + held(&n1) * 9 / 10 <= big(&b0, 1), "node 1 gave the memory: {b0:?} → {b1:?}");
+    let line = b1.zone(1, "DMA32").unwrap();
+    for (o, &n) in [2000u64, 300, 150, 80, 40, 16, 8].iter().enumerate().skip(1) {
+        assert!(line.free[o] * 10 >= n * 9, "node 1's buddyinfo line at order {o}: {:?}", line.free);
+    }
+
+    // The other way round, another target and budget: node 1 keeps its blocks.
+    let n0 = json(&results, "n0.json");
+    assert!(bounds(&n0).contains(" pages on node 0"), "{}", bounds(&n0));
+    let (b2, b3) = (buddy(&results, "b2"), buddy(&results, "b3"));
+    assert!(big(&b3, 1) + TOLERANCE_PAGES >= big(&b2, 1), "node 1 kept its blocks: {b2:?} → {b3:?}");
+    assert!(big(&b3, 0) + held(&n0) * 9 / 10 <= big(&b2, 0), "node 0 gave the memory: {b2:?} → {b3:?}");
+    assert!(numbers(&n0["planned"])[..3].iter().all(|&n| n > 4000), "{}", n0["planned"]);
+
+    // The whole machine, max free order 4: no free block of order ≥ 4 on either node.
+    let whole = json(&results, "whole.json");
+    assert_eq!(whole["leftover_pages"], 0, "{}", bounds(&whole));
+    let b4 = buddy(&results, "b4");
+    for n in [0, 1] {
+        assert!(at_or_above(&b4, n, "DMA32", 4) <= TOLERANCE_PAGES, "node {n}: {b4:?}");
+        assert!(b4.zone(n, "DMA32").unwrap().free_pages() > 10_000, "node {n} has small blocks free: {b4:?}");
+    }
+
+    // The saved two-node buddyinfo as one target: each DMA32 line in its own node (DMA skipped),
+    // and nothing of order ≥ 4 on either: the reserve's blocks traded and re-broken.
+    let f = json(&results, "file.json");
+    let b = bounds(&f);
+    assert!(b.contains("rebreak: no free block of order ≥ 4 left"), "{b}");
+    assert!(f["target"]["skipped"][0].as_str().unwrap().starts_with("Node 0, zone DMA (line 1)"), "{f}");
+    let zones = f["zones"].as_array().unwrap();
+    let names: Vec<&str> = zones.iter().map(|z| z["zone"].as_str().unwrap()).collect();
+    assert_eq!(names, ["Node 0, zone DMA32", "Node 1, zone DMA32"]);
+    let b5 = buddy(&results, "b5");
+    let want = BuddyInfo::parse(&std::fs::read_to_string(&file).unwrap(), "held").unwrap();
+    for (n, z) in [0u32, 1].iter().zip(zones) {
+        let (planned, scale) = (numbers(&z["planned"]), z["scale"].as_f64().unwrap());
+        let asked = &want.zone(*n, "DMA32").unwrap().free;
+        for o in 0..4 {
+            // Scaled to the pages taken in the zone when they could not hold it all.
+            let scaled = (asked[o] as f64 * scale).floor() as u64;
+            assert_eq!(planned[o] + numbers(&z["missing"])[o], scaled, "node {n} order {o}: {z}");
+        }
+        // The trade is inside the target's zones here (every zone in play is one), and the
+        // kernel's own allocations around the re-breaking took whole regions of the cut's blocks
+        // in one run: 77 % of node 0's left (docs/fragmenter.md, known limits).
+        mostly_intact(z, &format!("node {n}"), 70);
+        assert!(at_or_above(&b5, *n, "DMA32", 4) <= TOLERANCE_PAGES, "node {n}: {b5:?}");
+        let line = &b5.zone(*n, "DMA32").unwrap().free;
+        let intact = numbers(&z["intact"]);
+        for o in 1..4 {
+            assert!(line[o] >= intact[o], "node {n} order {o}: {line:?} for {intact:?} intact");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A lower zone: a 5 GiB two-node guest's node 1 holds DMA32 (2.5–4 GiB) under Normal (4–5 GiB). In a
+/// budget the DMA32 line is refused, naming Normal; whole-machine it is reproduced, its buddyinfo
+/// line matching the profile order by order when the hold begins — the reserve's high-order blocks
+/// traded and re-broken, its small ones freed in the zones outside the target. A second on, the
+/// zone sits near its watermarks, where kswapd and kcompactd work: blocks can form that the kernel
+/// will not hand to the keeper, and then the hold's record says the target was lost.
+#[test]
+fn a_lower_zone_profile_is_a_whole_machine_target_reproduced_exactly() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("lower-zone");
+    let profile = [2500u64, 350, 180, 90, 45, 18, 9, 0, 0, 0, 0];
+    let line =
+        format!("Node 1, zone DMA32 {}", profile.iter().map(u64::to_string).collect::<Vec<_>>().join(" "));
+    let script = dir.join("zone.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "fraglab fragment --profile '{line}' --budget 100MiB --dry-run > refused.out 2>&1\n\
+             echo \"exit $?\" >> refused.out\n\
+             set -e\n\
+             cat /proc/vmstat > vmstat-before\n\
+             fraglab fragment --profile '{line}' --daemon > zone.out 2>&1\n\
+             fraglab status --json > begun.json\n\
+             sleep 1\n\
+             cat /proc/buddyinfo > held\n\
+             sleep 0.2\n\
+             cat /proc/buddyinfo > held-later\n\
+             fraglab status --json > later.json\n\
+             cat /proc/vmstat > vmstat-held\n\
+             fraglab release > /dev/null\n\
+             echo script done\n"
+        ),
+    )
+    .unwrap();
+    let results = dir.join("results");
+    let out =
+        vm(&["--mem", "5G", "--script", script.to_str().unwrap(), "--results", results.to_str().unwrap()]);
+    if let Ok(t) = std::fs::read_to_string(results.join("zone.out")) {
+        eprintln!("--- zone.out:\n{t}");
+    }
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("script done"));
+    let refused = read(&results, "refused.out");
+    assert!(
+        refused
+            .contains("Node 1, zone DMA32 with a budget: user pages come from node 1's highest zone, Normal")
+            && refused.ends_with("exit 1\n"),
+        "{refused}"
+    );
+    // What compaction and reclaim did while shaping and holding, for the record.
+    let vmstat = |name: &str| -> std::collections::BTreeMap<String, u64> {
+        read(&results, name)
+            .lines()
+            .filter_map(|l| l.split_once(' ').and_then(|(k, v)| Some((k.to_string(), v.parse().ok()?))))
+            .collect()
+    };
+    let (before, after) = (vmstat("vmstat-before"), vmstat("vmstat-held"));
+    for (k, v) in after.iter().filter(|(k, _)| k.starts_with("compact_") || k.contains("kswapd")) {
+        eprintln!("vmstat {k}: +{}", v.saturating_sub(before.get(k).copied().unwrap_or(0)));
+    }
+
+    // When the hold begins: the profile, in its zone, and nothing of order ≥ 7 anywhere.
+    let begun = json(&results, "begun.json");
+    let b = bounds(&begun);
+    assert!(b.contains("held, not cut") && b.contains("rebreak: no free block of order ≥ 7 left"), "{b}");
+    let zone = &begun["zones"][0];
+    assert_eq!(numbers(&zone["planned"]), profile, "{zone}");
+    // The cut's blocks, but for those taken while the reserve was re-broken (30–100 % left, per
+    // order, in five runs: docs/fragmenter.md, known limits).
+    mostly_intact(zone, "node 1 DMA32", 25);
+    let now: BuddyInfo = serde_json::from_value(begun["buddyinfo_now"].clone()).unwrap();
+    let got = &now.zone(1, "DMA32").unwrap().free;
+    let intact = numbers(&zone["intact"]);
+    for (o, (&g, &want)) in got.iter().zip(&profile).enumerate() {
+        // No more than the profile, give or take what the reserve left; no fewer than the intact.
+        assert!(g + 8 >= intact[o] && g <= want + (want / 10).max(8), "order {o}: {got:?} for {profile:?}");
+    }
+    for z in now.zones.iter().filter(|z| z.zone != "DMA") {
+        assert!(z.free_pages_at_or_above(7) <= TOLERANCE_PAGES, "{}: {:?}", z.label(), z.free);
+    }
+
+    // A second on: blocks of order ≥ 7 seen at both looks 0.2 s apart are blocks the keeper could
+    // not take back, and the hold's record must say the target was lost.
+    let (held, later) = (buddy(&results, "held"), buddy(&results, "held-later"));
+    let stuck =
+        held.zones.iter().filter(|z| z.zone != "DMA").any(|z| {
+            z.free_pages_at_or_above(7).min(at_or_above(&later, z.node, &z.zone, 7)) > TOLERANCE_PAGES
+        });
+    let keeping = &json(&results, "later.json")["keeping"];
+    eprintln!("a second on: {held:?} / {later:?}; keeping {keeping}");
+    if stuck {
+        assert!(
+            keeping["losses"].as_u64().unwrap() > 0 && keeping["lost_ns"].as_u64().unwrap() > 0,
+            "{keeping}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--numa` is checked before anything boots.
+#[test]
+fn bad_numa_flags_are_refused_before_booting() {
+    for (args, want) in [
+        (&["--numa", "9"][..], "--numa 9: give 1 to 8 nodes of at least 128MiB each"),
+        (
+            &["--numa", "4", "--mem", "256M"],
+            "--numa 4: give 1 to 8 nodes of at least 128MiB each (--mem 256.00 MiB holds 2)",
+        ),
+        (&["--numa", "2", "--cpus", "3"], "--cpus 3 --numa 2: give CPUs that split evenly among the nodes"),
+    ] {
+        let out = Command::new(FRAGLAB)
+            .args(["vm", "--kernel", "debian-cloud"])
+            .args(args)
+            .args(["--", "probe"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        // fraglab vm's own failures are 125, never the guest command's codes (docs/vm.md).
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
