@@ -186,7 +186,8 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
     .collect();
     if given.len() > 1 {
         let keys: Vec<String> = given.iter().map(|k| key(k)).collect();
-        bail!("{} all given: choose one target", keys.join(" and "));
+        let all = if keys.len() == 2 { "both" } else { "all" };
+        bail!("{} {all} given: choose one target", keys.join(" and "));
     }
     if let Some(path) = &spec.profile_file {
         let (target, place) = profile_file(spec, path, budget, m, key)?;

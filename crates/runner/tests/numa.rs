@@ -282,8 +282,10 @@ fn a_lower_zone_profile_is_a_whole_machine_target_reproduced_exactly() {
     let got = &now.zone(1, "DMA32").unwrap().free;
     let intact = numbers(&zone["intact"]);
     for (o, (&g, &want)) in got.iter().zip(&profile).enumerate() {
-        // No more than the profile, give or take what the reserve left; no fewer than the intact.
-        assert!(g + 8 >= intact[o] && g <= want + (want / 10).max(8), "order {o}: {got:?} for {profile:?}");
+        // No fewer than the intact blocks; no more than the profile and the few blocks below the
+        // region order that populating left in the zone (docs/fragmenter.md: 10 % + 16 per order;
+        // measured up to +17 at order 0 and +13 at order 3).
+        assert!(g + 8 >= intact[o] && g <= want + want / 10 + 16, "order {o}: {got:?} for {profile:?}");
     }
     for z in now.zones.iter().filter(|z| z.zone != "DMA") {
         assert!(z.free_pages_at_or_above(7) <= TOLERANCE_PAGES, "{}: {:?}", z.label(), z.free);
