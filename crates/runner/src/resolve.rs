@@ -189,20 +189,33 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         let all = if keys.len() == 2 { "both" } else { "all" };
         bail!("{} {all} given: choose one target", keys.join(" and "));
     }
-    if let Some(path) = &spec.profile_file {
-        let (target, place) = profile_file(spec, path, budget, m, key)?;
-        return Ok(Plan {
-            target,
-            budget,
-            pin,
-            reserve,
-            floor,
-            no_proactive_compaction: spec.no_proactive_compaction,
-            nr_orders: m.nr_orders,
-            keep: spec.keep,
-            place,
-        });
-    }
+    let (target, place) = match &spec.profile_file {
+        Some(path) => profile_file(spec, path, budget, m, key)?,
+        None => line_target(spec, line, size("free", &spec.free)?, (budget, reserve, taken), m, key)?,
+    };
+    Ok(Plan {
+        target,
+        budget,
+        pin,
+        reserve,
+        floor,
+        no_proactive_compaction: spec.no_proactive_compaction,
+        nr_orders: m.nr_orders,
+        keep: spec.keep,
+        place,
+    })
+}
+
+/// A `max_free_order` or `profile` target, and where it is built. `free` is `spec.free` parsed;
+/// `budget, reserve, taken` as resolved.
+fn line_target(
+    spec: &FragmentSpec,
+    line: Option<ProfileLine>,
+    free: Option<u64>,
+    (budget, reserve, taken): (Option<u64>, u64, u64),
+    m: &Machine,
+    key: &dyn Fn(&str) -> String,
+) -> Result<(Target, Place)> {
     let place = place(spec, line.as_ref(), budget, reserve, m, key)?;
     let line_node = line.as_ref().and_then(|l| l.node);
     let target = match (spec.max_free_order, line) {
@@ -214,7 +227,7 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
             fragment::check_order(order, m.nr_orders)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", key("max_free_order")))?;
             let most = max_freeable(taken / 4096, order) * 4096;
-            let free_bytes = match size("free", &spec.free)? {
+            let free_bytes = match free {
                 Some(f) if f > most => bail!(
                     "{} = {}: at most {} of {} taken can be free with no block of order ≥ {order} \
                      (one page of every 2^{order} is kept); lower it or raise the budget",
@@ -237,17 +250,7 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
             Target::Profile { node: line_node, zone, free }
         }
     };
-    Ok(Plan {
-        target,
-        budget,
-        pin,
-        reserve,
-        floor,
-        no_proactive_compaction: spec.no_proactive_compaction,
-        nr_orders: m.nr_orders,
-        keep: spec.keep,
-        place,
-    })
+    Ok((target, place))
 }
 
 /// Counts for this kernel's orders: a line with more orders is taken only if the extra are 0.

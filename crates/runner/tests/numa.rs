@@ -11,9 +11,10 @@ use std::sync::Mutex;
 
 use fraglab_probe::buddyinfo::BuddyInfo;
 
-static SERIAL: Mutex<()> = Mutex::new(());
+mod common;
+use common::{fraglab_in, read_json, FRAGLAB};
 
-const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Free memory at or above the target order that a held target tolerates per zone: processes that
 /// run and exit after the fragmenter (the script's own `cat`s) give back pages whose buddies are
@@ -21,19 +22,11 @@ const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
 /// measured 0.4–4.7 MiB in a 1 GiB guest).
 const TOLERANCE_PAGES: u64 = 1024;
 
+/// `fraglab vm` on Debian's cloud kernel with two nodes, its output printed for the test log.
 fn vm(args: &[&str]) -> Output {
-    let out = Command::new(FRAGLAB)
-        .args(["vm", "--kernel", "debian-cloud", "--numa", "2", "--timeout", "400s", "--extra-bin", "cat"])
-        .args(["--extra-bin", "sleep"])
-        .args(args)
-        .output()
-        .expect("run fraglab vm");
-    eprintln!(
-        "--- fraglab vm {args:?}: {}\n--- stderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    let two_nodes = ["vm", "--kernel", "debian-cloud", "--numa", "2", "--timeout", "400s"];
+    let carried = ["--extra-bin", "cat", "--extra-bin", "sleep"];
+    fraglab_in(&std::env::temp_dir(), &[&two_nodes[..], &carried, args].concat())
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -48,7 +41,7 @@ fn read(dir: &Path, name: &str) -> String {
 }
 
 fn json(dir: &Path, name: &str) -> serde_json::Value {
-    serde_json::from_str(&read(dir, name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    read_json(&dir.join(name))
 }
 
 fn buddy(dir: &Path, name: &str) -> BuddyInfo {
