@@ -198,14 +198,24 @@ pub fn take(bytes: usize, locked: bool, pagemap: Option<&std::fs::File>, bind: O
 /// Neither nix nor libc wraps mbind(2) (libnuma does, in C); the raw syscall takes a node bitmap of
 /// `maxnode` bits, one past the last it reads.
 fn mbind(ptr: *mut u8, len: usize, node: u32) -> std::io::Result<()> {
+    let bits = libc::c_ulong::BITS as usize;
     let node = node as usize;
-    let mut mask = vec![0 as libc::c_ulong; node / 64 + 1];
-    mask[node / 64] |= 1 << (node % 64);
-    let maxnode = mask.len() * 64 + 1;
+    let mut mask = vec![0 as libc::c_ulong; node / bits + 1];
+    mask[node / bits] |= 1 << (node % bits);
+    let maxnode = (mask.len() * bits + 1) as libc::c_ulong;
     // SAFETY: the range is exactly a fresh mapping of ours; the mask outlives the call and holds
-    // `maxnode - 1` bits.
+    // `maxnode - 1` bits. Every argument is passed at the width the kernel reads it (unsigned long,
+    // or a pointer), as a variadic call must.
     let r = unsafe {
-        libc::syscall(libc::SYS_mbind, ptr, len, libc::MPOL_BIND, mask.as_ptr(), maxnode, 0 as libc::c_uint)
+        libc::syscall(
+            libc::SYS_mbind,
+            ptr,
+            len as libc::c_ulong,
+            libc::MPOL_BIND as libc::c_ulong,
+            mask.as_ptr(),
+            maxnode,
+            0 as libc::c_ulong,
+        )
     };
     if r != 0 {
         return Err(std::io::Error::last_os_error());

@@ -641,8 +641,12 @@ impl Fragmenter {
         // What the trade left, or the fill could not reach within the reserve, the keeper's rings
         // take now, before the hold begins.
         let fill_left = f.status.leftover_pages.is_some_and(|l| l > 0);
-        if (f.plan.trades_reserve() || fill_left) && f.rebreaking() {
+        if (f.status.traded_bytes > 0 || fill_left) && f.rebreaking() {
             f.rebreak_reserve(stop)?;
+            if stop.load(Ordering::Relaxed) {
+                let restored = f.release()?;
+                return Err(Stopped { phase: "re-breaking the reserve's blocks", restored }.into());
+            }
             if fill_left {
                 f.status.leftover_pages = Some(leftover_pages(&BuddyInfo::read()?, f.plan.region_order()));
             }
@@ -656,7 +660,7 @@ impl Fragmenter {
     /// Whole machine: let the keeper take the reserve's high-order blocks (a profile's, or what the
     /// max-free-order fill could not reach), look after look,
     /// until none is left in the zones in play, or 2 s pass (at 64 blocks a look every 10 ms, a
-    /// reserve of 12 000 order-4 blocks), or `stop` is set.
+    /// reserve of 12 000 order-4 blocks), or `stop` is set (the caller then releases).
     fn rebreak_reserve(&mut self, stop: &AtomicBool) -> Result<()> {
         const BOUND: Duration = Duration::from_secs(2);
         let start = Instant::now();
@@ -696,18 +700,23 @@ impl Fragmenter {
     fn refresh_with(&mut self, intact: Option<Vec<u64>>) -> Result<&Status> {
         self.status.buddyinfo_now = BuddyInfo::read()?;
         if !self.status.naive && self.arena.pages() > 0 {
-            self.status.intact = match intact {
-                Some(intact) => intact,
-                None => intact_blocks(&self.cut.at, self.plan.nr_orders)?,
-            };
-            self.status.moved_pages = moved_pages(&self.arena, &self.kept)?;
-            // Each zone's blocks are a run of the sorted list: zones do not overlap.
+            // A target in zones has every planned block in one of them (zones placed by the plan
+            // never overlap: resolve refuses those that do), each zone's a run of the sorted list:
+            // one read of /proc/kpageflags per zone gives both.
             for z in &mut self.status.zones {
                 let at = &self.cut.at;
                 let (a, b) =
                     (at.partition_point(|&(p, _)| p < z.start), at.partition_point(|&(p, _)| p < z.end));
                 z.intact = intact_blocks(&at[a..b], self.plan.nr_orders)?;
             }
+            self.status.intact = match (intact, self.status.zones.is_empty()) {
+                (Some(intact), _) => intact,
+                (None, false) => (0..self.plan.nr_orders)
+                    .map(|o| self.status.zones.iter().map(|z| z.intact[o]).sum())
+                    .collect(),
+                (None, true) => intact_blocks(&self.cut.at, self.plan.nr_orders)?,
+            };
+            self.status.moved_pages = moved_pages(&self.arena, &self.kept)?;
         }
         self.status.keeping = Some(self.keeper.status());
         Ok(&self.status)
@@ -1057,13 +1066,19 @@ fn trade_reserve(held: &[u64], cut: &Cut, plan: &Plan, now: &BuddyInfo) -> Resul
     }
     let left = leftover_pages(now, k);
     let mut trade = Trade { runs: Vec::new(), left, outside: 0, inside: 0 };
+    if left == 0 {
+        return Ok(trade);
+    }
+    // One page list for every share: a whole machine's is megabytes.
+    let mut pfns = vec![0u64; held.len()];
     // Cut `want` pages out of the held pages `pick` allows and no earlier share took.
     let mut cut_in = |pick: &dyn Fn(u64) -> bool, want: u64, trade: &mut Trade, inside: bool| -> u64 {
         if want == 0 {
             return 0;
         }
-        let pfns: Vec<u64> =
-            held.iter().zip(&taken).map(|(&p, &t)| if p != 0 && !t && pick(p) { p } else { 0 }).collect();
+        for (d, (&p, &t)) in pfns.iter_mut().zip(held.iter().zip(&taken)) {
+            *d = if p != 0 && !t && pick(p) { p } else { 0 };
+        }
         let cut = shape::max_free_order(&pfns, &Frames::from_pfns(&pfns, k), k, want, plan.nr_orders);
         for &(s, e) in &cut.runs {
             taken[s..e].iter_mut().for_each(|t| *t = true);

@@ -441,11 +441,11 @@ impl Keeper {
         }
         let mut available = crate::arena::mem_available()?;
         let mut asked = 0;
-        let mut refused = false;
-        for o in (k..wanted.len()).rev() {
+        let (mut refused, mut took) = (false, false);
+        'orders: for o in (k..wanted.len()).rev() {
             for _ in 0..wanted[o] {
                 if asked == MAX_PER_LOOK {
-                    return Ok(None);
+                    break 'orders;
                 }
                 asked += 1;
                 let bytes = (PAGE_SIZE as u64) << o;
@@ -471,7 +471,7 @@ impl Keeper {
                 }
                 match ring(o) {
                     Ok(fd) => {
-                        self.backoff = BACKOFF;
+                        took = true;
                         if self.status.note.as_deref().is_some_and(|n| n.starts_with("re-breaking paused")) {
                             self.status.note = None;
                         }
@@ -493,9 +493,13 @@ impl Keeper {
                 }
             }
         }
+        // A look with a refusal waits before the next, longer each time in a row; one with none
+        // starts the wait afresh.
         if refused {
             self.backoff_until = Some(Instant::now() + self.backoff);
             self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        } else if took {
+            self.backoff = BACKOFF;
         }
         Ok(None)
     }

@@ -34,7 +34,9 @@ impl Cut {
         self.runs.iter().map(|(s, e)| (e - s) as u64).sum()
     }
 
-    /// Add a cut made in other pages (another zone's): its runs, blocks and what it missed.
+    /// Add a cut made in other pages (another zone's): its runs, blocks and what it missed. The
+    /// surplus is not merged: each zone's counts every page outside that zone, the others' cuts
+    /// included, so together they mean nothing (a whole machine gives no surplus back anyway).
     pub fn merge(&mut self, other: Cut) {
         for (sum, n) in self.blocks.iter_mut().zip(&other.blocks) {
             *sum += n;
@@ -43,13 +45,15 @@ impl Cut {
             *sum += n;
         }
         self.missing_pages += other.missing_pages;
+        let freed = self.freed_pages() + other.freed_pages();
         self.at.extend(other.at);
         self.runs = merged(std::mem::take(&mut self.runs), other.runs);
-        self.surplus = merged(std::mem::take(&mut self.surplus), other.surplus);
+        debug_assert_eq!(self.freed_pages(), freed, "zones' cuts never share a page");
+        self.surplus.clear();
     }
 }
 
-/// Two sets of disjoint `[start, end)` runs as one, ascending, touching runs joined.
+/// Two sets of `[start, end)` runs as one, ascending, touching or overlapping runs joined.
 fn merged(a: Vec<(usize, usize)>, b: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
     let mut all = a;
     all.extend(b);
@@ -57,7 +61,7 @@ fn merged(a: Vec<(usize, usize)>, b: Vec<(usize, usize)>) -> Vec<(usize, usize)>
     let mut out: Vec<(usize, usize)> = Vec::with_capacity(all.len());
     for (s, e) in all {
         match out.last_mut() {
-            Some((_, end)) if *end == s => *end = e,
+            Some((_, end)) if *end >= s => *end = (*end).max(e),
             _ => out.push((s, e)),
         }
     }

@@ -49,13 +49,22 @@ impl ZoneProfile {
 /// Every node/zone line of a profile file: a saved `/proc/buddyinfo`, or a report's Mem-Info block
 /// (`Node 0 DMA32: 2137*4kB (UME) … = 48892kB`), as pasted, with log prefixes — read by the same
 /// scanner as `fraglab scan`, so a line scan reads is one this takes. A line without a node (a
-/// kernel without NUMA) is node 0's. Anything else in the file is read past; a line that looks like
-/// a profile but does not parse, a zone given twice (two reports pasted together) or a file with no
-/// line is an error naming the file and line.
+/// kernel without NUMA) is node 0's. Anything else in the file is read past, failure reports the
+/// scanner cannot read included; a free-area or buddyinfo line that does not parse, a zone given
+/// twice (two reports pasted together: keep one report's block) or a file with no line is an error
+/// naming the file and line.
 pub fn parse_profile_file(text: &str, path: &std::path::Path) -> Result<Vec<ZoneProfile>, String> {
     use fraglab_probe::kmsg::{scan_log, KmsgEvent};
     let scan = scan_log(text, path);
-    if let Some(w) = scan.warnings.first() {
+    let profile_line = |t: &str| {
+        let m = split_log_line(strip_mail_quote(t)).message.trim().to_string();
+        (m.contains("kB") && m.contains('*')) || m.starts_with("Node ")
+    };
+    let bad = scan.warnings.iter().find(|w| match w {
+        fraglab_probe::Error::Parse { text, .. } => profile_line(text),
+        _ => true,
+    });
+    if let Some(w) = bad {
         return Err(format!("{w}: fix or remove the line"));
     }
     let mut zones: Vec<ZoneProfile> = Vec::new();
@@ -273,6 +282,20 @@ mod tests {
             "{e}"
         );
         assert!(e.starts_with(&format!("{}:", path.display())), "{e}");
+    }
+
+    /// A log whose failure report the scanner cannot read (its call trace lost its header) still
+    /// gives its free-area line: only a profile line that does not parse refuses the file.
+    #[test]
+    fn profile_file_reads_past_an_unreadable_report() {
+        let name = "lkml-2020-06-13-android-arm64-kswapd0-noheader-callercol.dmesg";
+        let text = include_str!(
+            "../../probe/tests/captures/kmsg/lkml-2020-06-13-android-arm64-kswapd0-noheader-callercol.dmesg"
+        );
+        assert!(!fraglab_probe::kmsg::scan_log(text, name).warnings.is_empty(), "the capture warns");
+        let zones = parse_profile_file(text, std::path::Path::new(name)).unwrap();
+        assert_eq!(zones.len(), 1, "{zones:?}");
+        assert_eq!(zones[0].zone, "Normal");
     }
 
     /// A saved two-node /proc/buddyinfo (a `fraglab vm --numa 2` guest's), and files that are not.

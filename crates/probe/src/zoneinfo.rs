@@ -241,6 +241,18 @@ impl ZoneInfo {
         self.node_zones(node).filter(|z| z.zone != "Device").last()
     }
 
+    /// The other populated zones whose frames overlap this one's span: a Movable zone memory hotplug
+    /// or `kernelcore=mirror` made inside Normal's range, nodes interleaved on some arm64 and POWER
+    /// machines. Frame numbers alone cannot tell such zones apart.
+    pub fn overlapping(&self, node: u32, zone: &str) -> Vec<&Zone> {
+        let Some((s, e)) = self.zone(node, zone).and_then(Zone::span) else { return Vec::new() };
+        self.zones
+            .iter()
+            .filter(|z| z.populated() && !(z.node == node && z.zone == zone))
+            .filter(|z| z.span().is_some_and(|(a, b)| a < e && s < b))
+            .collect()
+    }
+
     /// `nr_free_pages` over a node's zones.
     pub fn node_free_pages(&self, node: u32) -> u64 {
         self.node_zones(node).map(|z| z.nr_free_pages).sum()

@@ -197,7 +197,18 @@ fn numa_guest_captures_nodes_zones_and_spans() {
     assert_eq!(five.user_zone(7).map(|z| z.label()), None);
     for zi in [&one, &five] {
         check_invariants(zi);
+        for z in zi.zones.iter().filter(|z| z.populated()) {
+            assert!(zi.overlapping(z.node, &z.zone).is_empty(), "{}", z.label());
+        }
     }
+    // Node 1's DMA32 moved to start inside node 0's (as interleaved nodes do on some machines):
+    // each zone now overlaps the other.
+    let moved =
+        parse(&NUMA2_1G.replace("start_pfn:           131072", "start_pfn:           100000"), "moved");
+    let o: Vec<String> = moved.overlapping(1, "DMA32").iter().map(|z| z.label()).collect();
+    assert_eq!(o, ["Node 0, zone DMA32"]);
+    assert_eq!(moved.overlapping(0, "DMA32").len(), 1);
+    assert!(moved.overlapping(0, "DMA").is_empty());
 }
 
 #[test]

@@ -552,6 +552,9 @@ pub struct FragmentSide {
     pub keeping: Option<String>,
     /// Workload windows whose target held, of those recorded.
     pub windows_held: Option<(usize, usize)>,
+    /// A target placed in zones: each zone's planned, intact and missing, in words
+    /// (`Node 1, zone DMA32: planned 3000 400 … | intact …`).
+    pub zones: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -627,6 +630,7 @@ fn fragment_side(r: &RunData) -> FragmentSide {
         planned: f.map(|f| f.planned.clone()).unwrap_or_default(),
         intact: f.map(|f| f.intact.clone()).unwrap_or_default(),
         missing: f.map(|f| f.missing.clone()).unwrap_or_default(),
+        zones: f.map(|f| describe::zone_cuts(&f.zones)).unwrap_or_default(),
         moved_pages: f.map(|f| f.moved_pages),
         target_lost: f.and_then(|f| f.target_lost.clone()),
         keeping: f.and_then(|f| f.keeping.as_ref()).map(describe::keeping),

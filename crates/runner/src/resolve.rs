@@ -253,6 +253,37 @@ fn line_target(
     Ok((target, place))
 }
 
+/// The frames of a zone the cut may use: it must exist with memory, say where it starts, and share
+/// no frame with another zone (the cut tells zones apart by frame number).
+fn zone_span(zi: &ZoneInfo, node: u32, zone: &str) -> Result<ZoneSpan> {
+    let label = format!("Node {node}, zone {zone}");
+    let Some(z) = zi.zone(node, zone).filter(|z| z.populated()) else {
+        let zones: Vec<String> = zi.node_zones(node).map(|z| z.zone.clone()).collect();
+        bail!("{label} does not exist here: node {node} has {} (/proc/zoneinfo)", zones.join(", "));
+    };
+    let Some((start, end)) = z.span() else {
+        bail!("/proc/zoneinfo prints no start_pfn for {label}: its frames cannot be told");
+    };
+    if let Some(other) = zi.overlapping(node, zone).first() {
+        bail!(
+            "{label}'s frames {start}–{} overlap {}'s (/proc/zoneinfo): a cut in one alone cannot be told \
+             from the other by frame number",
+            end - 1,
+            other.label()
+        );
+    }
+    Ok(ZoneSpan { node, zone: zone.to_string(), start, end })
+}
+
+/// How to get a guest with `nodes` nodes: `fraglab vm --numa N`, up to its 8.
+fn numa_guest(nodes: u64) -> String {
+    if nodes <= 8 {
+        format!("`fraglab vm --numa {nodes}`")
+    } else {
+        format!("`fraglab vm --numa` boots at most 8 nodes, not the {nodes} this needs")
+    }
+}
+
 /// Counts for this kernel's orders: a line with more orders is taken only if the extra are 0.
 fn fit_orders(free: &mut Vec<u64>, nr_orders: usize) -> Result<(), String> {
     if free.len() > nr_orders {
@@ -301,16 +332,17 @@ fn profile_file(
     let zi = &m.zoneinfo;
     let nodes = zi.nodes();
     let (mut zones, mut spans, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
-    let most_nodes = lines.iter().map(|l| l.node + 1).max().unwrap_or(1);
+    let most_nodes = lines.iter().map(|l| u64::from(l.node) + 1).max().unwrap_or(1);
     for mut l in lines {
         let here = format!("{}: {path}:{}: {}", key("profile_file"), l.line, l.label());
         if !nodes.contains(&l.node) {
             let have: Vec<String> = nodes.iter().map(|n| format!("node {n}")).collect();
             bail!(
                 "{here}: node {} does not exist here: this machine has memory on {} (/proc/zoneinfo). \
-                 Boot a guest with the file's nodes (`fraglab vm --numa {most_nodes}`)",
+                 Boot a guest with the file's nodes ({})",
                 l.node,
-                have.join(", ")
+                have.join(", "),
+                numa_guest(most_nodes)
             );
         }
         if l.zone == "DMA" {
@@ -321,18 +353,11 @@ fn profile_file(
             ));
             continue;
         }
-        let Some(span) = zi.zone(l.node, &l.zone).filter(|z| z.populated()).and_then(|z| z.span()) else {
-            let zones: Vec<String> = zi.node_zones(l.node).map(|z| z.zone.clone()).collect();
-            bail!(
-                "{here}: zone {} does not exist on node {} here: it has {} (/proc/zoneinfo); a guest's zones \
-                 follow its memory (DMA32 below 4 GiB, Normal above: `fraglab vm --mem`)",
-                l.zone,
-                l.node,
-                zones.join(", ")
-            );
-        };
+        let span = zone_span(zi, l.node, &l.zone).map_err(|e| {
+            anyhow::anyhow!("{here}: {e}; a guest's zones follow its memory (DMA32 below 4 GiB, Normal above: `fraglab vm --mem`)")
+        })?;
         fit_orders(&mut l.free, m.nr_orders).map_err(|e| anyhow::anyhow!("{here}: {e}"))?;
-        spans.push(ZoneSpan { node: l.node, zone: l.zone.clone(), start: span.0, end: span.1 });
+        spans.push(span);
         zones.push(l);
     }
     if zones.is_empty() {
@@ -376,11 +401,10 @@ fn place(
     if !nodes.contains(&node) {
         bail!(
             "{from}: node {node} does not exist here: this machine has memory on {have} (/proc/zoneinfo). \
-             Shape one of those with --node, or boot a guest with node {node} (`fraglab vm --numa {}`)",
-            node + 1
+             Shape one of those with --node, or boot a guest with node {node} ({})",
+            numa_guest(u64::from(node) + 1)
         );
     }
-    let zones: Vec<String> = zi.node_zones(node).map(|z| z.zone.clone()).collect();
     let user = zi.user_zone(node).expect("a node with memory has a populated zone");
     if spec.max_free_order.is_some() && budget.is_none() {
         bail!(
@@ -398,12 +422,7 @@ fn place(
     let zone = match zone {
         None => None,
         Some(z) => {
-            let Some(span) = zi.zone(node, &z).filter(|z| z.populated()).and_then(|z| z.span()) else {
-                bail!(
-                    "{from}: Node {node}, zone {z} does not exist here: node {node} has {} (/proc/zoneinfo)",
-                    list(&zones)
-                );
-            };
+            let span = zone_span(zi, node, &z).map_err(|e| anyhow::anyhow!("{from}: {e}"))?;
             if z == "DMA" {
                 bail!(
                     "{from}: zone DMA cannot be shaped: the kernel keeps it for DMA allocations \
@@ -422,7 +441,7 @@ fn place(
                     user.zone
                 );
             }
-            Some(ZoneSpan { node, zone: z, start: span.0, end: span.1 })
+            Some(span)
         }
     };
     // One node: every page is the node's anyway, and a kernel without NUMA has no mbind(2).
@@ -442,6 +461,16 @@ fn place(
                     format_size(free),
                     format_size(keep),
                     format_size(free.saturating_sub(keep))
+                );
+            }
+            // The check after populating tells nodes apart by frame number.
+            if let Some(other) =
+                zi.node_zones(node).flat_map(|z| zi.overlapping(node, &z.zone)).find(|o| o.node != node)
+            {
+                bail!(
+                    "{from}: node {node}'s frames overlap {}'s (/proc/zoneinfo): where a page landed cannot be \
+                     told from its frame number, so the binding cannot be checked; shape it without a node",
+                    other.label()
                 );
             }
             let spans = zi.node_zones(node).filter_map(|z| z.span()).collect();

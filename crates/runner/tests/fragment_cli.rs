@@ -299,6 +299,10 @@ fn bad_input_is_refused_with_no_side_effect() {
              guest with node 3 (`fraglab vm --numa 4`)",
         ),
         (&["--max-free-order", "4", "--budget", "64MiB", "--node", "3"], "--node = 3: node 3 does not exist"),
+        (
+            &["--max-free-order", "4", "--budget", "64MiB", "--node", "4294967295"],
+            "`fraglab vm --numa` boots at most 8 nodes, not the 4294967296 this needs",
+        ),
         (&["--profile", "Node 0 Movable: 1*4kB = 4kB", "--budget", "64MiB"], "Node 0, zone Movable does not exist here: node 0 has DMA, DMA32, Normal"),
         (
             &["--profile", "Node 0, zone DMA32 40 3 2 1", "--budget", "64MiB"],

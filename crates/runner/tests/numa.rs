@@ -97,6 +97,8 @@ fn node_bound_budgets_whole_machine_and_a_buddyinfo_file_in_a_two_node_guest() {
          cat /proc/buddyinfo > b4\n\
          fraglab status --json > whole.json\n\
          fraglab release > /dev/null\n\
+         fraglab run /results/node1.toml -o runs > run.out 2>&1 || echo \"run exit $?\" >> run.out\n\
+         fraglab compare runs/node1-* runs/node1-* > compare.txt\n\
          fraglab fragment --profile-file /results/held.buddyinfo --daemon > file.out 2>&1\n\
          sleep 1\n\
          cat /proc/buddyinfo > b5\n\
@@ -105,8 +107,19 @@ fn node_bound_budgets_whole_machine_and_a_buddyinfo_file_in_a_two_node_guest() {
          echo script done\n",
     )
     .unwrap();
+    // A run placed on node 1 by its config: the run summary and compare show the zone apart.
+    let config = dir.join("node1.toml");
+    std::fs::write(
+        &config,
+        "[run]\nname = \"node1\"\n\n[fragment]\nprofile = \"Node 1, zone DMA32 600 120 60 30 12 0 0 0 0 0 0\"\n\
+         budget = \"48MiB\"\n\n[[workload]]\nkind = \"trigger\"\ntrigger = \"pipe-resize\"\nbytes = \"1MiB\"\n\
+         repeat = 2\n",
+    )
+    .unwrap();
     let results = dir.join("results");
     let out = vm(&[
+        "--file",
+        &format!("{}:node1.toml", config.display()),
         "--mem",
         "1G",
         "--script",
@@ -116,7 +129,7 @@ fn node_bound_budgets_whole_machine_and_a_buddyinfo_file_in_a_two_node_guest() {
         "--results",
         results.to_str().unwrap(),
     ]);
-    for f in ["n1.out", "n0.out", "whole.out", "file.out"] {
+    for f in ["n1.out", "n0.out", "run.out", "compare.txt", "whole.out", "file.out"] {
         if let Ok(t) = std::fs::read_to_string(results.join(f)) {
             eprintln!("--- {f}:\n{t}");
         }
@@ -158,6 +171,13 @@ fn node_bound_budgets_whole_machine_and_a_buddyinfo_file_in_a_two_node_guest() {
     assert!(big(&b3, 1) + TOLERANCE_PAGES >= big(&b2, 1), "node 1 kept its blocks: {b2:?} → {b3:?}");
     assert!(big(&b3, 0) + held(&n0) * 9 / 10 <= big(&b2, 0), "node 0 gave the memory: {b2:?} → {b3:?}");
     assert!(numbers(&n0["planned"])[..3].iter().all(|&n| n > 4000), "{}", n0["planned"]);
+
+    // The run's summary and compare name the zone, with its own planned and intact blocks.
+    let run = read(&results, "run.out");
+    assert!(run.contains("profile of Node 1, zone DMA32: free blocks per order 600 120 60 30 12"), "{run}");
+    assert!(run.contains("  Node 1, zone DMA32: planned 600 120 60 30 12 | intact "), "{run}");
+    let compare = read(&results, "compare.txt");
+    assert!(compare.contains("Node 1, zone DMA32: planned 600 120 60 30 12 | intact "), "{compare}");
 
     // The whole machine, max free order 4: no free block of order ≥ 4 on either node.
     let whole = json(&results, "whole.json");

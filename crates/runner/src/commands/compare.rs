@@ -347,6 +347,9 @@ pub fn text(c: &Comparison) -> String {
                 o += &format!("  {:w$}  {}\n", "", l.trim_start(), w = label_width(c));
             }
         }
+        for z in &f.zones {
+            o += &format!("  {:w$}  {z}\n", "", w = label_width(c));
+        }
     }
 
     o += "\nFailed allocations caught in the kernel (alloc_failures.jsonl), by order\n";
@@ -474,6 +477,9 @@ pub fn markdown(c: &Comparison) -> String {
     let n = orders(c);
     for f in &c.fragment {
         o += &format!("- **{}**: {}\n", f.label, fragment_summary(f));
+        for z in &f.zones {
+            o += &format!("  - {z}\n");
+        }
     }
     o += "\n";
     if n > 0 && c.fragment.iter().any(|f| f.target.is_some()) {

@@ -362,7 +362,6 @@ fn channel_reader(
     }
 }
 
-/// Arguments quoted for a shell, for --verbose and error messages.
 /// `-smp` with `-object memory-backend-ram` and `-numa node` for `nodes` nodes: memory split evenly
 /// (the last takes the remainder), so node `i` spans the `i`-th part of the guest's RAM in address
 /// order; one socket per node holding a CPU, its CPUs numbered in a row. The sockets matter: CPUs of
@@ -390,6 +389,7 @@ pub fn smp_args(nodes: u32, mem_mib: u64, cpus: u32) -> Vec<String> {
     a
 }
 
+/// Arguments quoted for a shell, for --verbose and error messages.
 pub fn shell_words(args: &[String]) -> String {
     args.iter()
         .map(|a| {
