@@ -251,6 +251,11 @@ pub struct VmArgs {
     /// left without a CPU is memory-only, as on some real servers).
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub numa: u32,
+    /// Guest NUMA nodes shaped like a reporter's machine: as many as the profile file (a saved
+    /// /proc/buddyinfo, a Mem-Info block) names, each with the memory and zones its lines need
+    /// (instead of --numa and --mem).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["numa", "mem"])]
+    pub numa_from: Option<PathBuf>,
     /// Kill the guest after this long (boot included) and exit 125.
     #[arg(long, default_value = "300s", value_name = "DURATION")]
     pub timeout: String,

@@ -17,6 +17,8 @@ use crate::exit::Exit;
 /// Checked flags.
 pub(crate) struct Plan {
     mem_mib: u64,
+    /// Memory of each NUMA node in MiB (one or none: none declared).
+    nodes_mib: Vec<u64>,
     timeout: Duration,
     argv: Vec<String>,
     /// `--file`s, and the host files the guest command names (`run CONFIG`, `scan LOG`) carried in
@@ -35,7 +37,15 @@ struct Carried {
 }
 
 pub(crate) fn check(args: &VmArgs) -> Result<Plan> {
-    let mem = parse_size(&args.mem).map_err(|e| anyhow::anyhow!("--mem: {e}"))?;
+    let nodes_mib = match &args.numa_from {
+        Some(file) => nodes_from(file)?,
+        None => Vec::new(),
+    };
+    let mem = match nodes_mib.is_empty() {
+        true => parse_size(&args.mem).map_err(|e| anyhow::anyhow!("--mem: {e}"))?,
+        false => nodes_mib.iter().sum::<u64>() << 20,
+    };
+    let numa = if nodes_mib.is_empty() { args.numa } else { nodes_mib.len() as u32 };
     if mem < (128 << 20) {
         bail!("--mem {}: give at least 128MiB", format_size(mem));
     }
@@ -44,23 +54,29 @@ pub(crate) fn check(args: &VmArgs) -> Result<Plan> {
     }
     // Linux ignores a node under 4 MiB (NODE_MIN_SIZE) and folds its memory into a neighbour; a node
     // worth testing on holds at least a memory section (128 MiB on x86-64).
-    if args.numa == 0 || args.numa > 8 || mem / u64::from(args.numa.max(1)) < (128 << 20) {
+    if numa == 0 || numa > 8 || mem / u64::from(numa.max(1)) < (128 << 20) {
         bail!(
-            "--numa {}: give 1 to 8 nodes of at least 128MiB each (--mem {} holds {})",
-            args.numa,
+            "--numa {numa}: give 1 to 8 nodes of at least 128MiB each (--mem {} holds {})",
             format_size(mem),
             (mem >> 27).clamp(1, 8)
         );
     }
-    if args.numa > 1 && args.cpus > args.numa && args.cpus % args.numa != 0 {
+    if numa > 1 && args.cpus > numa && args.cpus % numa != 0 {
         bail!(
-            "--cpus {} --numa {}: give CPUs that split evenly among the nodes (a multiple of {}), or \
-             fewer CPUs than nodes (the nodes past the last CPU are memory-only)",
+            "--cpus {} --numa {numa}: give CPUs that split evenly among the nodes (a multiple of {numa}), \
+             or fewer CPUs than nodes (the nodes past the last CPU are memory-only)",
             args.cpus,
-            args.numa,
-            args.numa
         );
     }
+    // --numa N splits --mem evenly, the last node taking the remainder.
+    let nodes_mib = match (nodes_mib.is_empty(), numa > 1) {
+        (false, _) => nodes_mib,
+        (true, false) => Vec::new(),
+        (true, true) => {
+            let (mib, n) = (mem >> 20, u64::from(numa));
+            (0..n).map(|i| if i + 1 == n { mib - mib / n * i } else { mib / n }).collect()
+        }
+    };
     let timeout = parse_duration(&args.timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
     let argv = match (&args.script, args.command.is_empty()) {
         (Some(_), _) => vec!["/bin/sh".into(), "/fraglab/script".into()],
@@ -87,7 +103,26 @@ pub(crate) fn check(args: &VmArgs) -> Result<Plan> {
         }
     }
     let results = args.results.clone().or_else(|| is_run.then(|| PathBuf::from(".")));
-    Ok(Plan { mem_mib: mem >> 20, timeout, argv, carried, results, guest_output: None })
+    Ok(Plan { mem_mib: mem >> 20, nodes_mib, timeout, argv, carried, results, guest_output: None })
+}
+
+/// `--numa-from FILE`: the nodes its lines need ([`super::numa::nodes_for`]), in a guest of at most
+/// what this host has available, less 1 GiB for itself; said on stderr, since they were chosen.
+fn nodes_from(file: &Path) -> Result<Vec<u64>> {
+    let at = format!("--numa-from {}", file.display());
+    let text = std::fs::read_to_string(file).with_context(|| format!("{at}: cannot read it"))?;
+    let lines = fraglab_fragmenter::target::parse_profile_file(&text, file)
+        .map_err(|e| anyhow::anyhow!("--numa-from: {e}"))?;
+    let available = fraglab_fragmenter::fragment::mem_available()? >> 20;
+    let nodes = super::numa::nodes_for(&lines, available.saturating_sub(1 << 10))
+        .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+    let each: Vec<String> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("node {i} {} MiB ({})", n.mib, n.zones.join(", ")))
+        .collect();
+    eprintln!("fraglab vm: nodes from {}: {}", file.display(), each.join("; "));
+    Ok(nodes.into_iter().map(|n| n.mib).collect())
 }
 
 /// The host files a guest fraglab command reads, with where the guest will look for them, and
@@ -489,7 +524,7 @@ pub(crate) fn boot_and_report(args: &VmArgs, plan: &Plan, guest: &Guest, cache: 
             cmdline: cmdline(args),
             mem_mib: plan.mem_mib,
             cpus: args.cpus,
-            numa: args.numa,
+            nodes_mib: plan.nodes_mib.clone(),
             timeout: plan.timeout,
             verbose: args.verbose,
             workdir: work,
@@ -651,20 +686,22 @@ mod tests {
     /// are memory-only; one node declares nothing.
     #[test]
     fn numa_guests_split_memory_and_cpus() {
-        assert_eq!(smp_args(1, 1024, 2), ["-smp", "2"]);
-        let a = smp_args(2, 1024, 2).join(" ");
+        assert_eq!(smp_args(&[], 2), ["-smp", "2"]);
+        assert_eq!(smp_args(&[1024], 2), ["-smp", "2"]);
+        let a = smp_args(&[512, 512], 2).join(" ");
         assert_eq!(
             a,
             "-smp cpus=2,sockets=2,cores=1,threads=1 \
              -object memory-backend-ram,id=ram0,size=512M -numa node,nodeid=0,memdev=ram0,cpus=0-0 \
              -object memory-backend-ram,id=ram1,size=512M -numa node,nodeid=1,memdev=ram1,cpus=1-1"
         );
-        // 1000 MiB over 3 nodes: 333, 333, and the remainder 334; 2 CPUs leave node 2 memory-only.
-        let a = smp_args(3, 1000, 2).join(" ");
+        // 1000 MiB over 3 nodes (as --numa 3 splits it): 333, 333, and the remainder 334; 2 CPUs
+        // leave node 2 memory-only.
+        let a = smp_args(&[333, 333, 334], 2).join(" ");
         assert!(a.starts_with("-smp cpus=2,sockets=2,cores=1,threads=1 "), "{a}");
         assert!(a.contains("size=333M -numa node,nodeid=1,memdev=ram1,cpus=1-1"), "{a}");
         assert!(a.ends_with("size=334M -numa node,nodeid=2,memdev=ram2"), "{a}");
-        let a = smp_args(2, 4096, 4).join(" ");
+        let a = smp_args(&[2048, 2048], 4).join(" ");
         assert!(a.contains("cores=2") && a.contains("cpus=0-1") && a.contains("cpus=2-3"), "{a}");
     }
 

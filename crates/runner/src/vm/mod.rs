@@ -16,6 +16,7 @@ pub mod init;
 pub mod initramfs;
 pub mod kernel;
 pub mod modules;
+pub mod numa;
 pub mod qemu;
 
 use anyhow::Result;

@@ -54,8 +54,8 @@ pub struct Boot<'a> {
     pub cmdline: String,
     pub mem_mib: u64,
     pub cpus: u32,
-    /// NUMA nodes (1: none declared).
-    pub numa: u32,
+    /// Memory of each NUMA node in MiB, node 0 first (one or none: none declared).
+    pub nodes_mib: Vec<u64>,
     pub timeout: Duration,
     pub verbose: bool,
     pub workdir: &'a Path,
@@ -106,7 +106,7 @@ impl Boot<'_> {
             Accel::Tcg => a.extend(["-accel".into(), "tcg,thread=single".into()]),
         }
         a.extend(["-m".into(), format!("{}M", self.mem_mib)]);
-        a.extend(smp_args(self.numa, self.mem_mib, self.cpus));
+        a.extend(smp_args(&self.nodes_mib, self.cpus));
         a.extend(["-kernel".into(), self.kernel.display().to_string()]);
         a.extend(["-initrd".into(), self.initrd.display().to_string()]);
         a.extend(["-append".into(), self.cmdline.clone()]);
@@ -362,23 +362,22 @@ fn channel_reader(
     }
 }
 
-/// `-smp` with `-object memory-backend-ram` and `-numa node` for `nodes` nodes: memory split evenly
-/// (the last takes the remainder), so node `i` spans the `i`-th part of the guest's RAM in address
-/// order; one socket per node holding a CPU, its CPUs numbered in a row. The sockets matter: CPUs of
+/// `-smp` with `-object memory-backend-ram` and `-numa node` for nodes of `nodes_mib` MiB each, so
+/// node `i` spans the `i`-th part of the guest's RAM in address order; one socket per node holding a
+/// CPU, its CPUs numbered in a row. The sockets matter: CPUs of
 /// two nodes in one socket share a last-level cache, which the kernel warns about at boot
 /// (`topology_sane`, "llc-sibling CPU #0 is not on the same node") and taints itself. With fewer
 /// CPUs than nodes, the nodes past the last CPU are memory-only, as on some real servers.
 /// [`super::boot::check`] refuses CPUs that do not divide evenly among the nodes.
-pub fn smp_args(nodes: u32, mem_mib: u64, cpus: u32) -> Vec<String> {
+pub fn smp_args(nodes_mib: &[u64], cpus: u32) -> Vec<String> {
+    let nodes = nodes_mib.len() as u32;
     if nodes <= 1 {
         return vec!["-smp".into(), cpus.to_string()];
     }
     let sockets = nodes.min(cpus);
     let cores = cpus / sockets;
     let mut a = vec!["-smp".into(), format!("cpus={cpus},sockets={sockets},cores={cores},threads=1")];
-    let share = mem_mib / u64::from(nodes);
-    for n in 0..nodes {
-        let size = if n + 1 == nodes { mem_mib - share * u64::from(n) } else { share };
+    for (n, size) in (0..nodes).zip(nodes_mib) {
         a.extend(["-object".into(), format!("memory-backend-ram,id=ram{n},size={size}M")]);
         let mut node = format!("node,nodeid={n},memdev=ram{n}");
         if n < sockets {
