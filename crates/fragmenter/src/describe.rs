@@ -13,7 +13,7 @@ use fraglab_units::{format_size, order_size};
 const PAGE: u64 = PAGE_SIZE as u64;
 
 /// `no free block of order ≥ 4 (64K), 960.00 MiB free below it`, or
-/// `profile of zone Normal: free blocks per order 40773 37 34 29 0 0 0 0 0 0 0 (161.00 MiB free)`.
+/// `profile of Node 0, zone Normal: free blocks per order 40773 37 34 29 0 0 0 0 0 0 0 (161.00 MiB free)`.
 pub fn target(t: &Target) -> String {
     match t {
         Target::MaxFreeOrder { order, free_bytes } => format!(

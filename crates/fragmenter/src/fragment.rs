@@ -127,16 +127,16 @@ impl Plan {
         match (&self.target, self.budget) {
             (Target::MaxFreeOrder { order, .. }, None) if self.keep => (Keep::Rebreak, *order),
             (Target::MaxFreeOrder { order, .. }, None) => (Keep::Watch, *order),
-            (_, None) if self.keep && self.trades_reserve() => (Keep::Rebreak, self.region_order()),
+            (_, None) if self.trades_reserve() => (Keep::Rebreak, self.region_order()),
             _ => (Keep::Regions, self.region_order()),
         }
     }
 
-    /// Whole machine, profile: whether the reserve's free blocks at or above the region order can be
-    /// traded for blocks below it ([`trade_reserve`]) and re-broken. Not when that order is below the
-    /// keeper's smallest ring ([`crate::keeper::MIN_RING_ORDER`]), nor when the profile has blocks of
-    /// the top order itself (the region order is then the top order: its own blocks and the
-    /// reserve's look the same).
+    /// Whole machine, profile: whether the reserve's free blocks at or above the region order are
+    /// traded for blocks below it ([`trade_reserve`]) and re-broken. Not with `keep = false` (no
+    /// rings would take them), not when that order is below the keeper's smallest ring
+    /// ([`crate::keeper::MIN_RING_ORDER`]), nor when the profile has blocks of the top order itself
+    /// (the region order is then the top order: its own blocks and the reserve's look the same).
     pub fn trades_reserve(&self) -> bool {
         let k = self.region_order();
         let top_free = |free: &[u64]| free.iter().skip(k).any(|&n| n > 0);
@@ -145,7 +145,7 @@ impl Plan {
             Target::Profile { free, .. } => top_free(free),
             Target::Zones { zones, .. } => zones.iter().any(|z| top_free(&z.free)),
         };
-        self.budget.is_none() && k >= crate::keeper::MIN_RING_ORDER && !own_above
+        self.budget.is_none() && self.keep && k >= crate::keeper::MIN_RING_ORDER && !own_above
     }
 }
 
@@ -921,8 +921,7 @@ fn cut_target(
                 true => shape::profile(pfns, &scaled, plan.nr_orders),
                 false => shape::profile(&masked(spans), &scaled, plan.nr_orders),
             };
-            let zones =
-                spans.first().map(|z| zone_cut(z, &cut, &cut.missing_blocks, f)).into_iter().collect();
+            let zones = spans.first().map(|z| zone_cut(z, &cut, f)).into_iter().collect();
             (cut, f, zones)
         }
         Target::Zones { zones, .. } => {
@@ -939,7 +938,7 @@ fn cut_target(
                 let (scaled, f) = shape::scale_profile(&line.free, there);
                 let cut = shape::profile(&mine, &scaled, plan.nr_orders);
                 scale = scale.min(f);
-                cuts.push(zone_cut(span, &cut, &cut.missing_blocks, f));
+                cuts.push(zone_cut(span, &cut, f));
                 all.merge(cut);
             }
             (all, scale, cuts)
@@ -947,12 +946,12 @@ fn cut_target(
     }
 }
 
-fn zone_cut(span: &ZoneSpan, cut: &Cut, missing: &[u64], scale: f64) -> ZoneCut {
+fn zone_cut(span: &ZoneSpan, cut: &Cut, scale: f64) -> ZoneCut {
     ZoneCut {
         zone: span.label(),
         planned: cut.blocks.clone(),
         intact: vec![0; cut.blocks.len()],
-        missing: missing.to_vec(),
+        missing: cut.missing_blocks.clone(),
         scale,
         start: span.start,
         end: span.end,
@@ -1047,9 +1046,9 @@ fn settle_planned(
 /// Whole machine, profile: the reserve fraglab did not take is free memory in blocks of every
 /// order, high ones included — and it sits in the lowest zones, the allocator's last resort, where
 /// a lower zone's profile is cut. The reporter's machine had no such blocks, so trade them: free as
-/// much of the held memory in blocks below the region order `k` (max-free-order style, in whole aligned regions
-/// the cut never touched), so that the keeper's rings can then take the high-order blocks without
-/// MemAvailable going below the reserve. Each zone's share is freed in that zone when it is not one
+/// much of the held memory in blocks below the region order `k` (max-free-order style, in whole
+/// aligned regions the cut never touched), so that the keeper's rings can then take the high-order
+/// blocks without MemAvailable going below the reserve. Each zone's share is freed in that zone when it is not one
 /// of the target's: a zone near its watermark hands its last blocks to no ordinary allocation, the
 /// rings included (measured: a 5 GiB two-node guest kept 37 MiB of node 0's DMA32 blocks when the
 /// trade freed it all in node 1's Normal). The rest — a target zone's share, or what a zone's own
@@ -1155,10 +1154,11 @@ pub fn fill_time_bound(most: u64) -> Duration {
 /// Break up the high-order blocks still free after the cut with pipe pages, in steps, until none is
 /// left (seen twice, a second apart, since freed pages drain from per-CPU lists late: a 200 ms gap
 /// was tried, and the test run after it had an A/B's first SCTP window find an order-4 and an
-/// order-5 block in DMA32 and say could not test), MemAvailable would fall below `keep` (the reserve: what the rest of the machine was promised — a
-/// reserve that is itself mostly high-order free blocks leaves the target unreached, and says so), a
-/// pipe cannot be had, or the time bound passes (60 s, and 2 s more for every GiB the fill may take). Returns
-/// the last buddyinfo, the leftover pages and which of those ended it; `None` when `stop` was set.
+/// order-5 block in DMA32 and say could not test), MemAvailable would fall below `keep` (the
+/// reserve: what the rest of the machine was promised — a reserve that is itself mostly high-order
+/// free blocks leaves the target unreached, and says so), a pipe cannot be had, or the time bound
+/// passes (60 s, and 2 s more for every GiB the fill may take). Returns the last buddyinfo, the
+/// leftover pages and which of those ended it; `None` when `stop` was set.
 fn fill_leftovers(
     fill: &mut PipeFill,
     journal: &mut Journal,
@@ -1288,8 +1288,8 @@ pub fn check_order(order: usize, nr_orders: usize) -> Result<()> {
     Ok(())
 }
 
-/// Free memory in Movable blocks below `order` outside the DMA zone (on `node`, when bound): what the kernel hands the
-/// fragmenter's (movable) page faults before any whole aligned region of that order, since it takes
+/// Free memory in Movable blocks below `order` outside the DMA zone (on `node`, when bound): what
+/// the kernel hands the fragmenter's (movable) page faults before any whole aligned region of that order, since it takes
 /// the smallest free block of the asked migratetype first and falls back to other types only when
 /// none is left. pagetypeinfo prints at most 100000 blocks a list, so this can undercount.
 fn small_movable_free_bytes(p: &PageTypeInfo, order: usize, node: Option<u32>) -> u64 {

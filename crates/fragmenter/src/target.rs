@@ -111,6 +111,11 @@ pub fn parse_profile_file(text: &str, path: &std::path::Path) -> Result<Vec<Zone
     Ok(zones)
 }
 
+/// Why a DMA line is never a target, as every command that meets one says it.
+pub const DMA_NOT_SHAPED: &str = "zone DMA cannot be shaped: the kernel keeps it for DMA allocations \
+                                  (lowmem_reserve), and user pages, the only ones fraglab can take and \
+                                  free, never reach it";
+
 /// A pasted profile line, read: where it came from when it says, and its counts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProfileLine {

@@ -535,7 +535,7 @@ pub struct FragmentSide {
     pub label: String,
     /// None for a baseline run with no [fragment].
     pub target: Option<fraglab_fragmenter::Target>,
-    /// `no free block of order ≥ 4 (64K), 480.00 MiB free below it`, `profile of zone Normal: …`, `none (not fragmented)`.
+    /// `no free block of order ≥ 4 (64K), 480.00 MiB free below it`, `profile of Node 0, zone Normal: …`, `none (not fragmented)`.
     pub target_text: String,
     pub budget: Option<u64>,
     pub held_bytes: Option<u64>,

@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Result};
 use fraglab_fragmenter::fragment::{self, max_freeable, Bind, Pin, Place, Plan, ZoneSpan};
-use fraglab_fragmenter::target::{parse_profile, ProfileLine, Target};
+use fraglab_fragmenter::target::{parse_profile, ProfileLine, Target, DMA_NOT_SHAPED};
 use fraglab_probe::buddyinfo::BuddyInfo;
 use fraglab_probe::zoneinfo::ZoneInfo;
 use serde::Deserialize;
@@ -346,11 +346,7 @@ fn profile_file(
             );
         }
         if l.zone == "DMA" {
-            skipped.push(format!(
-                "{} (line {}): zone DMA is kept for DMA allocations (lowmem_reserve); user pages never reach it",
-                l.label(),
-                l.line
-            ));
+            skipped.push(format!("{} (line {}): {DMA_NOT_SHAPED}", l.label(), l.line));
             continue;
         }
         let span = zone_span(zi, l.node, &l.zone).map_err(|e| {
@@ -380,8 +376,7 @@ fn place(
 ) -> Result<Place> {
     let zi = &m.zoneinfo;
     let nodes = zi.nodes();
-    let list = |v: &[String]| v.join(", ");
-    let have = list(&nodes.iter().map(|n| format!("node {n}")).collect::<Vec<_>>());
+    let have = nodes.iter().map(|n| format!("node {n}")).collect::<Vec<_>>().join(", ");
     let line_node = line.and_then(|l| l.node);
     let zone = line.and_then(|l| l.zone.clone());
     // Which key the node came from, for the error.
@@ -424,21 +419,15 @@ fn place(
         Some(z) => {
             let span = zone_span(zi, node, &z).map_err(|e| anyhow::anyhow!("{from}: {e}"))?;
             if z == "DMA" {
-                bail!(
-                    "{from}: zone DMA cannot be shaped: the kernel keeps it for DMA allocations \
-                     (lowmem_reserve), and user pages, the only ones fraglab can take and free, do not \
-                     reach it"
-                );
+                bail!("{from}: {DMA_NOT_SHAPED}");
             }
             if budget.is_some() && z != user.zone {
+                let top = &user.zone;
                 bail!(
                     "{from}: Node {node}, zone {z} with a budget: user pages come from node {node}'s highest \
-                     zone, {}, and reach {z} only once {} is exhausted. Shape the whole machine instead \
+                     zone, {top}, and reach {z} only once {top} is exhausted. Shape the whole machine instead \
                      (no budget; in a guest: `fraglab vm --kernel debian-cloud -- fragment --profile …`), \
-                     or target zone {}",
-                    user.zone,
-                    user.zone,
-                    user.zone
+                     or target zone {top}"
                 );
             }
             Some(span)

@@ -117,11 +117,7 @@ fn place_profiles(profiles: &mut [Profile]) {
             let node = p.node.map_or_else(String::new, |n| format!("Node {n}'s "));
             if zone == "DMA" {
                 p.command = None;
-                p.note = Some(
-                    "zone DMA cannot be shaped: the kernel keeps it for DMA allocations (lowmem_reserve), \
-                     and user pages never reach it"
-                        .into(),
-                );
+                p.note = Some(fraglab_fragmenter::target::DMA_NOT_SHAPED.into());
             } else if let Some(top) =
                 row.iter().filter(|(n, _)| *n == p.node).filter_map(|(_, r)| *r).max().filter(|&t| t > r)
             {
