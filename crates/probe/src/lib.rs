@@ -13,6 +13,7 @@ pub mod meminfo;
 pub mod pagetypeinfo;
 pub mod slabinfo;
 pub mod snapshot;
+pub mod sock_diag;
 pub mod sockstat;
 pub mod stack;
 pub mod tracefs;

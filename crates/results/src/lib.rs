@@ -19,6 +19,7 @@ pub mod load;
 pub mod point;
 pub mod record;
 pub mod sample;
+pub mod skmem;
 pub mod workload;
 
 use serde::{Deserialize, Serialize};

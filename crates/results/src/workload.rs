@@ -43,6 +43,10 @@ pub struct WorkloadResult {
     pub errors: Vec<ErrnoCount>,
     /// This process's resource usage over the run (getrusage(RUSAGE_SELF) delta).
     pub rusage: Rusage,
+    /// The memory of the workload's own sockets while it ran (`ss -tm`'s skmem, through sock_diag):
+    /// the socket kinds sample it every window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skmem: Option<crate::skmem::SockMem>,
     /// Kind-specific facts a reader needs (e.g. the allocation order a trigger asks for).
     pub details: BTreeMap<String, serde_json::Value>,
     /// Caveats in plain words (e.g. "EINVAL counted as success: the kernel reached the copy").
@@ -306,6 +310,11 @@ pub fn summary(r: &WorkloadResult) -> String {
             "  error     {} ({}) × {}, first at {:.3} s\n",
             e.errno, e.code, e.count, e.first_seen_s
         );
+    }
+    if let Some(m) = &r.skmem {
+        for line in m.summary_lines() {
+            o += &format!("  skmem     {line}\n");
+        }
     }
     for (k, v) in &r.details {
         o += &format!("  {k:<9} {}\n", plain(v));

@@ -293,6 +293,7 @@ pub fn run(args: &ExecArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
         cpu: None,
         errors: errors.into_vec(),
         rusage: usage,
+        skmem: None,
         details,
         notes,
     };

@@ -10,6 +10,7 @@ mod opts;
 pub mod sctp;
 pub mod serve;
 mod signals;
+mod skmem;
 pub mod tcp;
 pub mod trigger;
 pub mod unsupported;

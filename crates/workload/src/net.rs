@@ -18,7 +18,7 @@
 use std::cell::Cell;
 use std::fmt::Display;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
@@ -29,6 +29,8 @@ use hdrhistogram::Histogram;
 use socket2::SockRef;
 
 use crate::opts::{self, Wording};
+pub(crate) use crate::skmem::Watch;
+use fraglab_results::skmem::SockMem;
 use fraglab_results::workload::{
     latency_histogram, CpuSample, ErrnoCount, Errors, Latency, Rusage, Spread, WorkloadResult,
 };
@@ -302,6 +304,8 @@ impl Drop for Ctl<'_> {
 pub(super) struct Driven<X> {
     /// Each worker's tally and its protocol's own counts, in spawn order.
     workers: Vec<(Tally, X)>,
+    /// The workload's sockets' memory over the window, when watched.
+    skmem: Option<SockMem>,
     cpu: Option<(CpuSample, CpuSample)>,
     rusage: Rusage,
     /// From the gate opening to every worker joined.
@@ -316,12 +320,16 @@ pub(super) struct Driven<X> {
 /// up, and end the run `duration` later — with `None`, once every worker has returned — or as soon
 /// as `stop` (the run's stop flag) is raised; then join them. A worker that returns early, its
 /// socket lost, ends nothing but itself; the run ends early when all have.
+///
+/// With a `watch`, a sampler thread records the memory of the workload's sockets from the gate
+/// opening to the end of the window (the result's `skmem`).
 pub(super) fn drive<X: Send>(
     proto: &str,
     n: usize,
     duration: Option<Duration>,
     t0: Instant,
     stop: &AtomicBool,
+    watch: Option<Watch>,
     work: impl Fn(&Ctl) -> (Tally, X) + Sync,
 ) -> Driven<X> {
     let run = Shared { gate: Gate::new(), stop: AtomicBool::new(false), t0 };
@@ -336,6 +344,18 @@ pub(super) fn drive<X: Send>(
             }
         }
         run.gate.open_when(handles.len());
+        let window_over = &run.stop;
+        let sampler = watch.and_then(|w| {
+            let b = std::thread::Builder::new().name("fraglab-skmem".into()).stack_size(WORKER_STACK);
+            let interval = Watch::interval(duration);
+            match b.spawn_scoped(scope, move || w.run(interval, window_over)) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    errors.record(&e);
+                    None
+                }
+            }
+        });
         let cpu0 = CpuSample::now().ok();
         let ru0 = Rusage::now();
         let start = Instant::now();
@@ -345,7 +365,8 @@ pub(super) fn drive<X: Send>(
         let wall = start.elapsed();
         let rusage = Rusage::now().since(&ru0);
         let cpu = cpu0.zip(CpuSample::now().ok());
-        Driven { workers, cpu, rusage, wall, stopped, errors }
+        let skmem = sampler.map(|h| h.join().expect("the socket memory sampler panicked"));
+        Driven { workers, skmem, cpu, rusage, wall, stopped, errors }
     })
 }
 
@@ -401,6 +422,7 @@ impl<X> Driven<X> {
         let cpu_bytes = cpu_bytes(&r);
         r.cpu = self.cpu.map(|(c0, c1)| c0.until(&c1, cpu_bytes));
         r.rusage = self.rusage;
+        r.skmem = self.skmem;
         Merged { result: r, own, rates, wall: self.wall, stopped: self.stopped }
     }
 }
@@ -478,17 +500,20 @@ pub(super) fn effective_bufs(s: &impl AsFd) -> Option<(usize, usize)> {
 }
 
 /// Where the clients go: `peer` (a `fraglab serve` on another host), or else a server that `start`
-/// opens in this process on an ephemeral port of 127.0.0.1, returned with the address it got.
+/// opens in this process on an ephemeral port of 127.0.0.1 — of [::1] with `ipv6` — returned with
+/// the address it got.
 pub(super) fn server_or_peer<S>(
     peer: Option<SocketAddr>,
+    ipv6: bool,
     proto: &str,
     start: impl FnOnce(SocketAddr) -> io::Result<(SocketAddr, S)>,
 ) -> Result<(SocketAddr, Option<S>)> {
     if let Some(peer) = peer {
         return Ok((peer, None));
     }
-    let (addr, server) = start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-        .with_context(|| format!("starting the in-process {proto} server on 127.0.0.1"))?;
+    let local: IpAddr = if ipv6 { Ipv6Addr::LOCALHOST.into() } else { Ipv4Addr::LOCALHOST.into() };
+    let (addr, server) = start(SocketAddr::new(local, 0))
+        .with_context(|| format!("starting the in-process {proto} server on {local}"))?;
     Ok((addr, Some(server)))
 }
 
@@ -568,9 +593,10 @@ mod tests {
     #[test]
     fn the_run_ends_at_its_duration_and_merges_every_worker() {
         let t0 = Instant::now();
-        let d = drive("test", 3, Some(Duration::from_millis(200)), t0, &AtomicBool::new(false), |ctl| {
-            busy(ctl, None)
-        });
+        let d =
+            drive("test", 3, Some(Duration::from_millis(200)), t0, &AtomicBool::new(false), None, |ctl| {
+                busy(ctl, None)
+            });
         assert!(!d.stopped && d.wall >= Duration::from_millis(200), "{:?}", d.wall);
         let m = d.merge(result(), Rate::Mbit, |r| r.bytes);
         let r = &m.result;
@@ -599,7 +625,7 @@ mod tests {
                 stop.store(true, Relaxed);
             });
             let t = Instant::now();
-            let d = drive("test", 2, Some(Duration::from_secs(60)), t0, &stop, |ctl| busy(ctl, None));
+            let d = drive("test", 2, Some(Duration::from_secs(60)), t0, &stop, None, |ctl| busy(ctl, None));
             (d, t.elapsed())
         });
         assert!(took < Duration::from_secs(2), "took {took:?}");
@@ -621,14 +647,14 @@ mod tests {
     fn the_run_ends_when_every_worker_has_returned() {
         let t0 = Instant::now();
         let stop = AtomicBool::new(false);
-        let d = drive("test", 4, None, t0, &stop, |ctl| busy(ctl, Some(5)));
+        let d = drive("test", 4, None, t0, &stop, None, |ctl| busy(ctl, Some(5)));
         assert!(!d.stopped);
         let m = d.merge(result(), Rate::Ops, |_| 0);
         assert_eq!(m.result.ok, 20);
         assert_eq!(m.result.per_worker.as_ref().map(|s| s.min > 0.0), Some(true));
 
         let t = Instant::now();
-        let d = drive("test", 2, Some(Duration::from_secs(60)), t0, &stop, |ctl| {
+        let d = drive("test", 2, Some(Duration::from_secs(60)), t0, &stop, None, |ctl| {
             let mut t = ctl.tally();
             ctl.start();
             t.fail(&io::Error::from_raw_os_error(libc::ECONNREFUSED));
@@ -654,6 +680,7 @@ mod tests {
             Some(Duration::from_millis(100)),
             Instant::now(),
             &AtomicBool::new(false),
+            None,
             |ctl| {
                 if std::thread::current().name() == Some("fraglab-test-1") {
                     return (ctl.tally(), 0);

@@ -95,29 +95,39 @@ pub(crate) fn sockbuf(w: Wording, flag: &str, text: Option<&str>, max: u64) -> R
     Err(w.refuse(flag, text, why))
 }
 
-/// `HOST:PORT` (`HOST` may be a name): the first address it resolves to. Port 0 is allowed here —
-/// `fraglab serve --listen 127.0.0.1:0` picks a free port; [`peer`] refuses it.
-pub(crate) fn address(w: Wording, flag: &str, text: &str) -> Result<SocketAddr> {
-    let mut addrs = text.to_socket_addrs().map_err(|e| {
+/// `HOST:PORT` (`HOST` may be a name): the first address it resolves to — with `ipv6`, the first
+/// IPv6 one. Port 0 is allowed here — `fraglab serve --listen 127.0.0.1:0` picks a free port;
+/// [`peer`] refuses it.
+pub(crate) fn address(w: Wording, flag: &str, text: &str, ipv6: bool) -> Result<SocketAddr> {
+    let addrs = text.to_socket_addrs().map_err(|e| {
         let why = match w {
             Wording::Tcp => format!("{text:?} is not HOST:PORT ({e})"),
             Wording::Sctp => format!("{e}; write HOST:PORT, e.g. 10.0.0.2:9000"),
         };
         w.refuse(flag, text, why)
     })?;
-    addrs.next().ok_or_else(|| {
-        let why = match w {
-            Wording::Tcp => format!("{text:?} resolves to no address"),
-            Wording::Sctp => "the name has no address".to_string(),
+    let mut addrs = addrs.peekable();
+    let any = addrs.peek().is_some();
+    addrs.find(|a| !ipv6 || a.is_ipv6()).ok_or_else(|| {
+        let why = match (w, any) {
+            (Wording::Tcp, false) => format!("{text:?} resolves to no address"),
+            (Wording::Sctp, false) => "the name has no address".to_string(),
+            (Wording::Tcp, true) => {
+                format!("{text:?} has no IPv6 address and --ipv6 asks for one; write [ADDR]:PORT")
+            }
+            (Wording::Sctp, true) => {
+                "no IPv6 address, and --ipv6 asks for one; write [ADDR]:PORT".to_string()
+            }
         };
         w.refuse(flag, text, why)
     })
 }
 
-/// `--peer HOST:PORT` when given: a server to talk to instead of the in-process one; port 0 refused.
-pub(crate) fn peer(w: Wording, text: Option<&str>) -> Result<Option<SocketAddr>> {
+/// `--peer HOST:PORT` when given: a server to talk to instead of the in-process one; port 0 refused,
+/// and with `--ipv6` an IPv6 address.
+pub(crate) fn peer(w: Wording, text: Option<&str>, ipv6: bool) -> Result<Option<SocketAddr>> {
     let Some(text) = text else { return Ok(None) };
-    let a = address(w, "--peer", text)?;
+    let a = address(w, "--peer", text, ipv6)?;
     if a.port() == 0 {
         let why = match w {
             Wording::Tcp => format!("{text:?} has port 0; give the port `fraglab serve` printed"),
@@ -255,12 +265,24 @@ mod tests {
                 "--peer 127.0.0.1: invalid socket address; write HOST:PORT, e.g. 10.0.0.2:9000",
             ),
             (ss(|a| a.peer = Some("127.0.0.1:0".into())), "--peer 127.0.0.1:0: needs a port"),
+            (
+                ts(|a| (a.ipv6, a.peer) = (true, Some("127.0.0.1:9".into()))),
+                "--peer: \"127.0.0.1:9\" has no IPv6 address and --ipv6 asks for one; write [ADDR]:PORT",
+            ),
+            (
+                sr(|a| (a.ipv6, a.peer) = (true, Some("127.0.0.1:9".into()))),
+                "--peer 127.0.0.1:9: no IPv6 address, and --ipv6 asks for one; write [ADDR]:PORT",
+            ),
         ];
         for (kind, want) in cases {
             assert_eq!(validate(&kind).unwrap_err().to_string(), want);
         }
         let serve = |listen: &str, duration: &str| {
-            let a = serve::ServeArgs { listen: listen.into(), duration: Some(duration.into()) };
+            let a = serve::ServeArgs {
+                listen: Some(listen.into()),
+                ipv6: false,
+                duration: Some(duration.into()),
+            };
             serve::serve(a).unwrap_err().to_string()
         };
         assert_eq!(serve("nohost", "1s"), "--listen: \"nohost\" is not HOST:PORT (invalid socket address)");
@@ -290,9 +312,11 @@ mod tests {
             assert_eq!(sockbuf(w, "--b", None, 1 << 30).unwrap(), None);
             assert_eq!(sockbuf(w, "--b", Some("1GiB"), 1 << 30).unwrap(), Some(1 << 30));
             assert!(sockbuf(w, "--b", Some("0"), 1 << 30).is_err());
-            assert_eq!(address(w, "--listen", "127.0.0.1:0").unwrap().port(), 0);
-            assert!(peer(w, Some("127.0.0.1:0")).is_err());
-            assert_eq!(peer(w, Some("[::1]:9")).unwrap(), Some("[::1]:9".parse().unwrap()));
+            assert_eq!(address(w, "--listen", "127.0.0.1:0", false).unwrap().port(), 0);
+            assert!(peer(w, Some("127.0.0.1:0"), false).is_err());
+            assert_eq!(peer(w, Some("[::1]:9"), false).unwrap(), Some("[::1]:9".parse().unwrap()));
+            assert_eq!(peer(w, Some("[::1]:9"), true).unwrap(), Some("[::1]:9".parse().unwrap()));
+            assert!(peer(w, Some("127.0.0.1:9"), true).is_err());
         }
     }
 }

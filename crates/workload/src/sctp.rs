@@ -27,10 +27,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::net::{
-    self, effective_bufs, record_latency, Ctl, Rate, ServerErrors, SockBufs, Tally, MAX_WORKERS, RECV_BUF,
-    WORKER_STACK,
+    self, effective_bufs, record_latency, Ctl, Rate, ServerErrors, SockBufs, Tally, Watch, MAX_WORKERS,
+    RECV_BUF, WORKER_STACK,
 };
 use crate::opts::{self, opt_size_text, size_text, Wording};
+use fraglab_probe::sock_diag::Proto;
 use fraglab_results::workload::{wall_now, ErrnoCount, Errors, WorkloadResult};
 
 // ---------------------------------------------------------------------------------------------
@@ -209,6 +210,10 @@ pub struct ConnectArgs {
     /// After connecting, send one 1-byte message on every negotiated outbound stream.
     #[arg(long)]
     pub message_per_stream: bool,
+    /// Run over IPv6: the in-process server on [::1] instead of 127.0.0.1 (with --peer, its IPv6
+    /// address).
+    #[arg(long)]
+    pub ipv6: bool,
     /// Connect to this server instead of an in-process one on 127.0.0.1.
     #[arg(long, value_name = "HOST:PORT")]
     pub peer: Option<String>,
@@ -225,6 +230,7 @@ impl Default for ConnectArgs {
             streams: 65535,
             style: Style::OneToOne,
             message_per_stream: false,
+            ipv6: false,
             peer: None,
             timeout: "10s".into(),
         }
@@ -256,6 +262,10 @@ pub struct StreamArgs {
     /// one-to-one (SOCK_STREAM) or one-to-many (SOCK_SEQPACKET, set up by the first sendmsg).
     #[arg(long, value_enum, default_value_t = Style::OneToOne)]
     pub style: Style,
+    /// Run over IPv6: the in-process server on [::1] instead of 127.0.0.1 (with --peer, its IPv6
+    /// address).
+    #[arg(long)]
+    pub ipv6: bool,
     /// Send to this server instead of an in-process one on 127.0.0.1.
     #[arg(long, value_name = "HOST:PORT")]
     pub peer: Option<String>,
@@ -270,6 +280,7 @@ impl Default for StreamArgs {
             sndbuf: None,
             rcvbuf: None,
             style: Style::OneToOne,
+            ipv6: false,
             peer: None,
         }
     }
@@ -296,6 +307,10 @@ pub struct RrArgs {
     /// one-to-one (SOCK_STREAM) or one-to-many (SOCK_SEQPACKET, set up by the first sendmsg).
     #[arg(long, value_enum, default_value_t = Style::OneToOne)]
     pub style: Style,
+    /// Run over IPv6: the in-process server on [::1] instead of 127.0.0.1 (with --peer, its IPv6
+    /// address).
+    #[arg(long)]
+    pub ipv6: bool,
     /// Send to this server instead of an in-process one (it must answer as `fraglab serve` does).
     #[arg(long, value_name = "HOST:PORT")]
     pub peer: Option<String>,
@@ -309,6 +324,7 @@ impl Default for RrArgs {
             req: "1".into(),
             resp: "1".into(),
             style: Style::OneToOne,
+            ipv6: false,
             peer: None,
         }
     }
@@ -325,13 +341,15 @@ const SCTP: Wording = Wording::Sctp;
 impl Common {
     fn resolve(
         style: Style,
+        ipv6: bool,
         peer: Option<&str>,
         sndbuf: Option<&str>,
         rcvbuf: Option<&str>,
     ) -> Result<Common> {
         Ok(Common {
             style,
-            peer: opts::peer(SCTP, peer)?,
+            ipv6,
+            peer: opts::peer(SCTP, peer, ipv6)?,
             bufs: SockBufs::resolve(SCTP, MAX_SOCKBUF, sndbuf, rcvbuf)?,
         })
     }
@@ -340,6 +358,8 @@ impl Common {
 /// Options shared by the three kinds once validated.
 struct Common {
     style: Style,
+    /// The in-process server on [::1].
+    ipv6: bool,
     peer: Option<SocketAddr>,
     bufs: SockBufs,
 }
@@ -372,7 +392,7 @@ impl ConnectPlan {
             streams,
             message_per_stream: a.message_per_stream,
             timeout: opts::duration(SCTP, "--timeout", &a.timeout)?,
-            common: Common::resolve(a.style, a.peer.as_deref(), None, None)?,
+            common: Common::resolve(a.style, a.ipv6, a.peer.as_deref(), None, None)?,
         })
     }
 }
@@ -390,7 +410,13 @@ impl StreamPlan {
             threads: opts::count(SCTP, "--threads", a.threads, MAX_WORKERS)?,
             duration: opts::duration(SCTP, "--duration", &a.duration)?,
             msg: opts::msg_size(SCTP, "--msg", &a.msg, MAX_MSG)?,
-            common: Common::resolve(a.style, a.peer.as_deref(), a.sndbuf.as_deref(), a.rcvbuf.as_deref())?,
+            common: Common::resolve(
+                a.style,
+                a.ipv6,
+                a.peer.as_deref(),
+                a.sndbuf.as_deref(),
+                a.rcvbuf.as_deref(),
+            )?,
         })
     }
 }
@@ -410,7 +436,7 @@ impl RrPlan {
             duration: opts::duration(SCTP, "--duration", &a.duration)?,
             req: opts::msg_size(SCTP, "--req", &a.req, MAX_MSG)?,
             resp: opts::msg_size(SCTP, "--resp", &a.resp, MAX_MSG)?,
-            common: Common::resolve(a.style, a.peer.as_deref(), None, None)?,
+            common: Common::resolve(a.style, a.ipv6, a.peer.as_deref(), None, None)?,
         })
     }
 }
@@ -803,6 +829,7 @@ impl ServeArgs {
         let streams = self.streams.map(streams).transpose()?;
         let c = Common::resolve(
             self.style.unwrap_or(Style::OneToOne),
+            false,
             None,
             self.sndbuf.as_deref(),
             self.rcvbuf.as_deref(),
@@ -1106,7 +1133,9 @@ fn serve_one_to_many(sock: Sock, sh: Arc<Shared>) {
 /// The in-process server on 127.0.0.1, unless `--peer` names one.
 fn server_for(common: &Common, streams: Option<u16>, nodelay: bool) -> Result<(SocketAddr, Option<Server>)> {
     let opts = ServerOpts { style: common.style, streams, bufs: common.bufs, nodelay, backlog: 1024 };
-    net::server_or_peer(common.peer, "SCTP", |local| Server::start(local, opts).map(|s| (s.addr, s)))
+    net::server_or_peer(common.peer, common.ipv6, "SCTP", |local| {
+        Server::start(local, opts).map(|s| (s.addr, s))
+    })
 }
 
 fn server_details(
@@ -1416,7 +1445,8 @@ pub fn connect_until(a: &ConnectArgs, stop: &AtomicBool) -> Result<WorkloadResul
     let t0 = Instant::now();
     let next = AtomicU64::new(0);
     // No duration: the workers share out the associations and the run ends when all are tried.
-    let d = net::drive("sctp", p.workers, None, t0, stop, |ctl| connect_worker(&p, &addr, &next, ctl));
+    let watch = Some(Watch::new(Proto::Sctp, addr, server.is_some()));
+    let d = net::drive("sctp", p.workers, None, t0, stop, watch, |ctl| connect_worker(&p, &addr, &next, ctl));
     let report = server.map(Server::stop);
     let mut m = d.merge(r, Rate::Ops, |_| 0);
     let r = &mut m.result;
@@ -1501,7 +1531,9 @@ pub fn stream_until(a: &StreamArgs, stop: &AtomicBool) -> Result<WorkloadResult>
     let r = WorkloadResult::new("sctp-stream", serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
     let (addr, server) = server_for(&p.common, None, false)?;
-    let d = net::drive("sctp", p.threads, Some(p.duration), t0, stop, |ctl| stream_worker(&p, addr, ctl));
+    let watch = Some(Watch::new(Proto::Sctp, addr, server.is_some()));
+    let d =
+        net::drive("sctp", p.threads, Some(p.duration), t0, stop, watch, |ctl| stream_worker(&p, addr, ctl));
     let mut m = d.merge(r, Rate::Mbit, |r| r.bytes);
     m.mark_if_stopped(humantime::format_duration(p.duration));
     let report = server.map(Server::stop);
@@ -1564,7 +1596,8 @@ pub fn rr_until(a: &RrArgs, stop: &AtomicBool) -> Result<WorkloadResult> {
     let r = WorkloadResult::new("sctp-rr", serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
     let (addr, server) = server_for(&p.common, None, true)?;
-    let d = net::drive("sctp", p.clients, Some(p.duration), t0, stop, |ctl| rr_worker(&p, addr, ctl));
+    let watch = Some(Watch::new(Proto::Sctp, addr, server.is_some()));
+    let d = net::drive("sctp", p.clients, Some(p.duration), t0, stop, watch, |ctl| rr_worker(&p, addr, ctl));
     let both_ways = |r: &WorkloadResult| r.bytes + r.ok * p.resp as u64;
     let mut m = d.merge(r, Rate::Ops, both_ways);
     m.mark_if_stopped(humantime::format_duration(p.duration));
@@ -1720,7 +1753,7 @@ mod tests {
                 stop.store(true, Ordering::Relaxed);
             });
             let t = Instant::now();
-            let d = net::drive("sctp", 3, Some(Duration::from_secs(60)), t0, &stop, |ctl| {
+            let d = net::drive("sctp", 3, Some(Duration::from_secs(60)), t0, &stop, None, |ctl| {
                 timed_loop(ctl, dev_null(), |_| {
                     std::thread::sleep(Duration::from_millis(1));
                     Ok(Some(100))
@@ -1743,7 +1776,7 @@ mod tests {
         );
 
         let never = AtomicBool::new(false);
-        let d = net::drive("sctp", 1, Some(Duration::from_secs(60)), t0, &never, |ctl| {
+        let d = net::drive("sctp", 1, Some(Duration::from_secs(60)), t0, &never, None, |ctl| {
             let mut calls = 0;
             timed_loop(ctl, dev_null(), |_| {
                 calls += 1;
@@ -1761,7 +1794,7 @@ mod tests {
         assert_eq!(errnos, [("EAGAIN", 1), ("ENOMEM", 1), ("ETIMEDOUT", 1)]);
         assert!(r.duration_s < 1.0 && !r.details.contains_key("stopped_by_signal"));
 
-        let d = net::drive("sctp", 2, Some(Duration::from_secs(60)), t0, &never, |ctl| {
+        let d = net::drive("sctp", 2, Some(Duration::from_secs(60)), t0, &never, None, |ctl| {
             timed_loop(ctl, Err(errno(libc::ECONNREFUSED)), |_| Ok(None))
         });
         let r = d.merge(result(), Rate::Ops, |_| 0).result;

@@ -51,12 +51,16 @@ impl From<ServeArgs> for ServeCommand {
 }
 
 /// `fraglab serve`'s flags for every protocol: where to listen and for how long.
-#[derive(Debug, Clone, PartialEq, clap::Args, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServeArgs {
-    /// Address to listen on; port 0 picks a free port (the one chosen is printed).
-    #[arg(long, default_value = DEFAULT_LISTEN, value_name = "ADDR:PORT")]
-    pub listen: String,
+    /// Address to listen on; port 0 picks a free port (the one chosen is printed) [default:
+    /// 0.0.0.0:12866, [::]:12866 with --ipv6].
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Listen on IPv6: [::]:12866 unless --listen says where (which must then be an IPv6 address).
+    #[arg(long)]
+    pub ipv6: bool,
     /// Stop after this long (default: until SIGINT or SIGTERM).
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub duration: Option<String>,
@@ -64,19 +68,18 @@ pub struct ServeArgs {
 
 /// netperf's netserver listens on 12865; fraglab one above.
 const DEFAULT_LISTEN: &str = "0.0.0.0:12866";
+/// The same port on every IPv6 address (and, unless net.ipv6.bindv6only is set, IPv4 too).
+const DEFAULT_LISTEN6: &str = "[::]:12866";
 
-impl Default for ServeArgs {
-    fn default() -> Self {
-        ServeArgs { listen: DEFAULT_LISTEN.into(), duration: None }
-    }
-}
 
 /// `fraglab serve`: the server side for `--peer`, until SIGINT/SIGTERM or `--duration`. Every flag
 /// is checked first; then, for `--proto sctp` on a kernel without SCTP, it says so and exits 125.
 /// [`ServeArgs`] alone is `--proto tcp`.
 pub fn serve(a: impl Into<ServeCommand>) -> Result<()> {
     let a = a.into();
-    let addr = opts::address(WORDING, "--listen", &a.common.listen)?;
+    let c = &a.common;
+    let listen = c.listen.as_deref().unwrap_or(if c.ipv6 { DEFAULT_LISTEN6 } else { DEFAULT_LISTEN });
+    let addr = opts::address(WORDING, "--listen", listen, c.ipv6)?;
     let duration =
         a.common.duration.as_deref().map(|d| opts::duration(WORDING, "--duration", d)).transpose()?;
     let sctp = match a.proto {
@@ -216,8 +219,8 @@ mod tests {
         ])
         .a;
         assert_eq!(
-            (a.proto, a.common.listen.as_str(), a.common.duration),
-            (Proto::Sctp, "127.0.0.1:9", None)
+            (a.proto, a.common.listen.as_deref(), a.common.duration),
+            (Proto::Sctp, Some("127.0.0.1:9"), None)
         );
         assert_eq!((a.sctp.streams, a.sctp.style), (Some(65535), Some(Style::OneToMany)));
         assert_eq!((a.sctp.sndbuf, a.sctp.rcvbuf.as_deref()), (None, Some("1MiB")));
@@ -248,6 +251,10 @@ mod tests {
         assert_eq!(
             err(&["--proto", "sctp", "--listen", "nohost"]),
             "--listen: \"nohost\" is not HOST:PORT (invalid socket address)"
+        );
+        assert_eq!(
+            err(&["--ipv6", "--listen", "127.0.0.1:0", "--duration", "1s"]),
+            "--listen: \"127.0.0.1:0\" has no IPv6 address and --ipv6 asks for one; write [ADDR]:PORT"
         );
         if !sctp::kernel_has_sctp() {
             let a = C::try_parse_from([&["x"][..], &sctp(&["--duration", "1s"])].concat()).unwrap().a;

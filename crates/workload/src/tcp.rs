@@ -40,10 +40,11 @@ use serde_json::json;
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 
 use crate::net::{
-    self, effective_bufs, record_latency, Ctl, Rate, ServerErrors, SockBufs, Tally, MAX_WORKERS, RECV_BUF,
-    WORKER_STACK,
+    self, effective_bufs, record_latency, Ctl, Rate, ServerErrors, SockBufs, Tally, Watch, MAX_WORKERS,
+    RECV_BUF, WORKER_STACK,
 };
 use crate::opts::{self, opt_size_text, size_text, Wording};
+use fraglab_probe::sock_diag::Proto;
 use fraglab_results::workload::{latency_histogram, wall_now, Cpu, ErrnoCount, Latency, WorkloadResult};
 use fraglab_units::format_size;
 
@@ -88,6 +89,10 @@ pub struct StreamArgs {
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     #[serde(deserialize_with = "opt_size_text")]
     pub rcvbuf: Option<String>,
+    /// Run over IPv6: the in-process server on [::1] instead of 127.0.0.1 (with --peer, its IPv6
+    /// address).
+    #[arg(long)]
+    pub ipv6: bool,
     /// A `fraglab serve` to send to, instead of the in-process server on 127.0.0.1.
     #[arg(long, value_name = "HOST:PORT")]
     pub peer: Option<String>,
@@ -101,6 +106,7 @@ impl Default for StreamArgs {
             msg: "16KiB".into(),
             sndbuf: None,
             rcvbuf: None,
+            ipv6: false,
             peer: None,
         }
     }
@@ -132,6 +138,10 @@ pub struct RrArgs {
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     #[serde(deserialize_with = "opt_size_text")]
     pub rcvbuf: Option<String>,
+    /// Run over IPv6: the in-process server on [::1] instead of 127.0.0.1 (with --peer, its IPv6
+    /// address).
+    #[arg(long)]
+    pub ipv6: bool,
     /// A `fraglab serve` to talk to, instead of the in-process server on 127.0.0.1.
     #[arg(long, value_name = "HOST:PORT")]
     pub peer: Option<String>,
@@ -146,6 +156,7 @@ impl Default for RrArgs {
             resp: "1".into(),
             sndbuf: None,
             rcvbuf: None,
+            ipv6: false,
             peer: None,
         }
     }
@@ -160,6 +171,7 @@ pub(crate) struct StreamPlan {
     duration: Duration,
     msg: usize,
     bufs: SockBufs,
+    ipv6: bool,
     peer: Option<SocketAddr>,
 }
 
@@ -170,6 +182,7 @@ pub(crate) struct RrPlan {
     req: usize,
     resp: usize,
     bufs: SockBufs,
+    ipv6: bool,
     peer: Option<SocketAddr>,
 }
 
@@ -180,7 +193,8 @@ impl StreamPlan {
             duration: opts::duration(TCP, "--duration", &a.duration)?,
             msg: opts::msg_size(TCP, "--msg", &a.msg, MAX_MSG)?,
             bufs: SockBufs::resolve(TCP, MAX_SOCKBUF, a.sndbuf.as_deref(), a.rcvbuf.as_deref())?,
-            peer: opts::peer(TCP, a.peer.as_deref())?,
+            ipv6: a.ipv6,
+            peer: opts::peer(TCP, a.peer.as_deref(), a.ipv6)?,
         })
     }
 }
@@ -193,7 +207,8 @@ impl RrPlan {
             req: opts::msg_size(TCP, "--req", &a.req, MAX_MSG)?,
             resp: opts::msg_size(TCP, "--resp", &a.resp, MAX_MSG)?,
             bufs: SockBufs::resolve(TCP, MAX_SOCKBUF, a.sndbuf.as_deref(), a.rcvbuf.as_deref())?,
-            peer: opts::peer(TCP, a.peer.as_deref())?,
+            ipv6: a.ipv6,
+            peer: opts::peer(TCP, a.peer.as_deref(), a.ipv6)?,
         })
     }
 }
@@ -362,9 +377,14 @@ fn retransmits(s: &TcpStream) -> u64 {
     }
 }
 
-/// The in-process server, with `prespawn` acceptors, or the peer.
-fn target(peer: Option<SocketAddr>, prespawn: usize) -> Result<(SocketAddr, Option<Server>)> {
-    net::server_or_peer(peer, "TCP", |local| Server::start(local, prespawn).map(|s| (s.addr, s)))
+/// The in-process server (on [::1] with `ipv6`), with `prespawn` acceptors, or the peer.
+fn target(peer: Option<SocketAddr>, ipv6: bool, prespawn: usize) -> Result<(SocketAddr, Option<Server>)> {
+    net::server_or_peer(peer, ipv6, "TCP", |local| Server::start(local, prespawn).map(|s| (s.addr, s)))
+}
+
+/// The workload's sockets' memory, sampled over the window.
+fn watch(addr: SocketAddr, server: &Option<Server>) -> Option<Watch> {
+    Some(Watch::new(Proto::Tcp, addr, server.is_some()))
 }
 
 fn where_note(server: &Option<Server>, addr: SocketAddr) -> String {
@@ -492,8 +512,10 @@ pub fn stream_until(a: &StreamArgs, stop: &AtomicBool) -> Result<WorkloadResult>
     let p = StreamPlan::resolve(a)?;
     let r = WorkloadResult::new("tcp-stream", serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
-    let (addr, server) = target(p.peer, p.threads + 1)?;
-    let d = net::drive("tcp", p.threads, Some(p.duration), t0, stop, |ctl| stream_worker(&p, addr, ctl));
+    let (addr, server) = target(p.peer, p.ipv6, p.threads + 1)?;
+    let d = net::drive("tcp", p.threads, Some(p.duration), t0, stop, watch(addr, &server), |ctl| {
+        stream_worker(&p, addr, ctl)
+    });
     let mut m = d.merge(r, Rate::Mbit, |r| r.bytes);
     m.mark_if_stopped(&a.duration);
     let per_thread = m.rates_rounded();
@@ -652,8 +674,8 @@ fn rr_like(a: &RrArgs, crr: bool, stop: &AtomicBool) -> Result<WorkloadResult> {
     let kind = if crr { "tcp-crr" } else { "tcp-rr" };
     let r = WorkloadResult::new(kind, serde_json::to_value(a)?, wall_now());
     let t0 = Instant::now();
-    let (addr, server) = target(p.peer, p.clients + 1)?;
-    let d = net::drive("tcp", p.clients, Some(p.duration), t0, stop, |ctl| {
+    let (addr, server) = target(p.peer, p.ipv6, p.clients + 1)?;
+    let d = net::drive("tcp", p.clients, Some(p.duration), t0, stop, watch(addr, &server), |ctl| {
         if crr {
             crr_worker(&p, addr, ctl)
         } else {

@@ -705,6 +705,7 @@ fn execute(
         cpu: None,
         errors: errors.into_vec(),
         rusage,
+        skmem: None,
         details,
         notes,
     };

@@ -1,0 +1,108 @@
+//! The memory of a workload's own sockets while it runs: [`Watch`] dumps the protocol's sockets
+//! through sock_diag (what `ss -tm` reads) every interval of the window, keeps those whose one end is
+//! the workload's server, and builds the result's `skmem` record from them.
+//!
+//! Which sockets are the workload's: those whose remote end is the server (the clients), and with
+//! an in-process server those whose local end is it (what it accepted, or for SCTP one-to-many its
+//! one socket) — listeners without a connection are left out, they hold nothing. A `--peer` run
+//! sees its clients only; the server's sockets are on the other host.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use fraglab_probe::sock_diag::{self, Family, Proto};
+use fraglab_probe::sockstat::SockStat;
+use fraglab_results::skmem::{Builder, Role, SockMem};
+
+/// How often a window is sampled: often enough to see a socket's forward allocation move with its
+/// traffic, and a dump of 512 loopback sockets costs about a millisecond (docs/workloads.md).
+const INTERVAL: Duration = Duration::from_millis(250);
+/// A shorter window still gets about ten samples, but no more often than this.
+const MIN_INTERVAL: Duration = Duration::from_millis(20);
+/// `TCP_LISTEN`, the state of a listener that is no connection.
+const LISTEN: u8 = 10;
+
+/// What to sample: `proto` sockets talking to `server`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Watch {
+    proto: Proto,
+    server: SocketAddr,
+    /// The server runs in this process: its sockets are the workload's too.
+    in_process: bool,
+}
+
+impl Watch {
+    pub(crate) fn new(proto: Proto, server: SocketAddr, in_process: bool) -> Watch {
+        Watch { proto, server, in_process }
+    }
+
+    /// The interval for a window of `duration` (`None`: it ends when its workers are done).
+    pub(crate) fn interval(duration: Option<Duration>) -> Duration {
+        duration.map_or(MIN_INTERVAL * 5, |d| (d / 10).clamp(MIN_INTERVAL, INTERVAL))
+    }
+
+    /// Sample every `interval` from now until `stop` goes up (the driver raises it when the window
+    /// ends). A dump that fails is counted and its error kept; the window goes on.
+    pub(crate) fn run(&self, interval: Duration, stop: &AtomicBool) -> SockMem {
+        let family = Family::of(&self.server);
+        let mut b = Builder::new(self.proto.name(), family.key(), ms(interval));
+        let start = Instant::now();
+        let mut next = start + interval;
+        loop {
+            while Instant::now() < next {
+                if stop.load(Relaxed) {
+                    return b.finish();
+                }
+                std::thread::sleep((next - Instant::now()).min(Duration::from_millis(5)));
+            }
+            if stop.load(Relaxed) {
+                return b.finish();
+            }
+            let t_s = start.elapsed().as_secs_f64();
+            match sock_diag::read(self.proto, family) {
+                Ok(dump) => {
+                    let mine = self.mine(dump.sockets());
+                    b.add(t_s, &mine, self.proto_mem_bytes());
+                }
+                Err(e) => b.failed(e.to_string()),
+            }
+            // A slow dump (thousands of sockets under TCG) pushes the next one back, never bunches them.
+            next = (next + interval).max(Instant::now());
+        }
+    }
+
+    fn mine(&self, sockets: Vec<sock_diag::Socket>) -> Vec<(Role, sock_diag::Socket)> {
+        sockets
+            .into_iter()
+            .filter_map(|s| {
+                if s.remote == self.server {
+                    Some((Role::Client, s))
+                } else if self.in_process
+                    && s.local == self.server
+                    && !(s.state == LISTEN && s.associations == 0)
+                    && !(self.proto == Proto::Sctp && s.associations == 0)
+                {
+                    Some((Role::Server, s))
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The protocol's memory_allocated in bytes: sockstat's `TCP: mem`, the SCTP row of
+    /// /proc/net/protocols.
+    fn proto_mem_bytes(&self) -> Option<u64> {
+        let s = SockStat::read().ok()?;
+        let pages = match self.proto {
+            Proto::Tcp => s.mem_pages("TCP"),
+            Proto::Sctp => s.sctp().and_then(|(_, pages)| pages),
+        }?;
+        Some(u64::try_from(pages).ok()? * procfs::page_size())
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
