@@ -51,8 +51,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// `INET_DIAG_PEERS`: an SCTP association's peer addresses (only association messages carry it).
-const INET_DIAG_PEERS: u16 = 12;
+/// `INET_DIAG_PEERS` (13; `INET_DIAG_LOCALS`, 12, is on endpoints too): an SCTP association's peer
+/// addresses, which only association messages carry.
+const INET_DIAG_PEERS: u16 = 13;
 /// A dump reply's datagrams are at most 32 KiB (netlink_dump's skb, `NLMSG_GOODSIZE` or larger on
 /// big pages); 64 KiB leaves room, and a truncated read is refused rather than half-parsed.
 const RECV_BUF: usize = 64 << 10;
@@ -133,7 +134,10 @@ pub struct SkMem {
     pub rb: u32,
     pub t: u32,
     pub tb: u32,
-    pub f: u32,
+    /// Signed, as the kernel's `int sk_forward_alloc`: SCTP charges a received chunk to the socket
+    /// before it has scheduled memory for it, so an SCTP socket's forward allocation dips below zero
+    /// (`ss` prints the u32 it was sent: `f4294963200` is −4096).
+    pub f: i32,
     pub w: u32,
     pub o: u32,
     pub bl: u32,
@@ -142,25 +146,26 @@ pub struct SkMem {
 
 impl SkMem {
     /// The fields in `ss` order, with their names.
-    pub fn fields(&self) -> [(&'static str, u32); 9] {
+    pub fn fields(&self) -> [(&'static str, i64); 9] {
         [
-            ("r", self.r),
-            ("rb", self.rb),
-            ("t", self.t),
-            ("tb", self.tb),
-            ("f", self.f),
-            ("w", self.w),
-            ("o", self.o),
-            ("bl", self.bl),
-            ("d", self.d),
+            ("r", self.r.into()),
+            ("rb", self.rb.into()),
+            ("t", self.t.into()),
+            ("tb", self.tb.into()),
+            ("f", self.f.into()),
+            ("w", self.w.into()),
+            ("o", self.o.into()),
+            ("bl", self.bl.into()),
+            ("d", self.d.into()),
         ]
     }
 
-    /// Bytes the socket holds: received (`r`), queued to send (`w`), in flight below it (`t`), and
-    /// charged but unused (`f`). `ss` prints no such sum; it is what adds up to the protocol's `mem`
-    /// in sockstat (in pages, with rounding and per-CPU reserves).
-    pub fn held(&self) -> u64 {
-        [self.r, self.w, self.t, self.f].iter().map(|&v| u64::from(v)).sum()
+    /// Bytes the socket has charged to its protocol: received (`r`), queued to send (`w`), in flight
+    /// below it (`t`), and charged but unused (`f`, negative when it uses more than it charged). `ss`
+    /// prints no such sum; summed over sockets it is what the protocol's `mem` in sockstat counts (in
+    /// pages, with rounding and per-CPU reserves).
+    pub fn held(&self) -> i64 {
+        self.fields().iter().filter(|(k, _)| ["r", "w", "t", "f"].contains(k)).map(|(_, v)| v).sum()
     }
 }
 
@@ -282,16 +287,17 @@ fn last_message_type(datagram: &[u8]) -> Option<Last> {
     while off + 16 <= datagram.len() {
         let len = u32::from_ne_bytes(datagram[off..off + 4].try_into().ok()?) as usize;
         let kind = u16::from_ne_bytes(datagram[off + 4..off + 6].try_into().ok()?);
+        // NLMSG_DONE carries the dump's error too: a kernel without the protocol's diag handler
+        // ends an empty dump with -ENOENT there.
+        let code = match datagram.get(off + 16..off + 20) {
+            Some(b) => i32::from_ne_bytes(b.try_into().ok()?),
+            None => 0,
+        };
         last = Some(match kind {
-            netlink_packet_core::NLMSG_DONE => Last::Done,
-            netlink_packet_core::NLMSG_ERROR if off + 20 <= datagram.len() => {
-                let code = i32::from_ne_bytes(datagram[off + 16..off + 20].try_into().ok()?);
-                if code == 0 {
-                    Last::More
-                } else {
-                    Last::Error(-code)
-                }
+            netlink_packet_core::NLMSG_DONE | netlink_packet_core::NLMSG_ERROR if code != 0 => {
+                Last::Error(-code)
             }
+            netlink_packet_core::NLMSG_DONE => Last::Done,
             _ => Last::More,
         });
         if len < 16 {
@@ -326,6 +332,10 @@ fn parse_dump(proto: Proto, family: Family, raw: Vec<u8>, path: &str) -> Result<
             NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
                 entries.push(entry(&r).map_err(|why| Error::parse(path, n, &at, why))?)
             }
+            NetlinkPayload::Done(d) if d.code != 0 => {
+                let e = std::io::Error::from_raw_os_error(-d.code);
+                return Err(Error::parse(path, n, &at, format!("the dump ended with {e}")));
+            }
             NetlinkPayload::Done(_) => {
                 done = true;
                 break;
@@ -356,7 +366,8 @@ fn entry(r: &InetResponse) -> std::result::Result<Entry, String> {
                     rb: m.receive_queue_max,
                     t: m.bottom_send_queues,
                     tb: m.send_queue_max,
-                    f: m.cache,
+                    // The kernel's int, sent as a u32.
+                    f: m.cache as i32,
                     w: m.send_queue,
                     o: m.options,
                     bl: m.backlog_queue_length,

@@ -105,3 +105,86 @@ fn skmem_prints_as_ss_prints_it() {
     assert_eq!(m.to_string(), "skmem:(r55040,rb8515000,t0,tb2626560,f1710336,w0,o0,bl0,d0)");
     assert_eq!(m.held(), 55040 + 1710336);
 }
+
+fn capture(name: &str) -> (Vec<u8>, String) {
+    let path = format!("{}/tests/captures/sock_diag/{name}", env!("CARGO_MANIFEST_DIR"));
+    (std::fs::read(&path).unwrap(), path)
+}
+
+/// A Debian 6.1 guest's SCTP sockets (see captures/sock_diag/README.md): one-to-one over IPv4 (a
+/// listener, two clients, the two sockets it accepted), one-to-many over IPv6 (the server's one
+/// socket with both associations, two clients). Each endpoint-and-association pair is one socket
+/// with the association's ends; a listener alone has none; a client's forward allocation is below
+/// zero and reads so.
+#[test]
+fn a_guest_sctp_dump_folds_into_sockets() {
+    let (raw, path) = capture("guest-6.1-sctp.ipv4");
+    let d = sock_diag::parse(Proto::Sctp, Family::V4, &raw, &path).unwrap();
+    let socks = d.sockets();
+    let line = |s: &sock_diag::Socket| {
+        format!(
+            "{} {} {} {}",
+            s.local,
+            s.remote,
+            s.associations,
+            sock_diag::state_name(Proto::Sctp, false, s.state)
+        )
+    };
+    let mut got: Vec<String> = socks.iter().map(line).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "127.0.0.1:35204 127.0.0.1:9000 1 ESTAB",
+            "127.0.0.1:36810 127.0.0.1:9000 1 ESTAB",
+            "127.0.0.1:9000 0.0.0.0:0 0 LISTEN",
+            "127.0.0.1:9000 127.0.0.1:35204 1 ESTAB",
+            "127.0.0.1:9000 127.0.0.1:36810 1 ESTAB",
+        ]
+    );
+    assert!(d
+        .entries
+        .iter()
+        .any(|e| e.association && sock_diag::state_name(Proto::Sctp, true, e.state) == "ESTAB"));
+    let (raw, path) = capture("guest-6.1-sctp.ipv6");
+    let d = sock_diag::parse(Proto::Sctp, Family::V6, &raw, &path).unwrap();
+    let socks = d.sockets();
+    let server = socks.iter().find(|s| s.local.port() == 9001).expect("the one-to-many server");
+    assert_eq!(server.associations, 2);
+    let clients: Vec<_> = socks.iter().filter(|s| s.remote.port() == 9001).collect();
+    assert_eq!(clients.len(), 2);
+    for c in clients {
+        assert_eq!((c.associations, c.remote.ip().to_string().as_str()), (1, "::1"));
+        assert!(c.skmem.f < 0, "SCTP's forward allocation below zero: {}", c.skmem);
+    }
+}
+
+/// This host's TCP sockets during a tcp-stream over IPv4 and a tcp-rr over IPv6.
+#[test]
+fn a_host_tcp_dump_parses() {
+    for (name, family) in [("host-6.18-tcp.ipv4", Family::V4), ("host-6.18-tcp.ipv6", Family::V6)] {
+        let (raw, path) = capture(name);
+        let d = sock_diag::parse(Proto::Tcp, family, &raw, &path).unwrap();
+        let socks = d.sockets();
+        assert!(socks.len() >= 5, "{name}: {socks:?}");
+        assert!(socks.iter().all(|s| s.skmem.rb > 0 && s.skmem.tb > 0 && s.associations == 0));
+        assert!(socks.iter().all(|s| Family::of(&s.local) == family));
+        let listeners =
+            socks.iter().filter(|s| sock_diag::state_name(Proto::Tcp, false, s.state) == "LISTEN");
+        assert!(listeners.count() >= 1);
+    }
+}
+
+/// A dump cut short, or bytes that are no dump, are refused naming the file and the message.
+#[test]
+fn a_cut_dump_is_refused_with_its_place() {
+    let (raw, path) = capture("host-6.18-tcp.ipv4");
+    let e = sock_diag::parse(Proto::Tcp, Family::V4, &raw[..raw.len() - 20], &path).unwrap_err().to_string();
+    assert!(e.contains("host-6.18-tcp.ipv4") && e.contains("no NLMSG_DONE"), "{e}");
+    let e = sock_diag::parse(Proto::Tcp, Family::V4, &raw[..raw.len() - 30], &path).unwrap_err().to_string();
+    assert!(e.contains("host-6.18-tcp.ipv4:") && e.contains("message at byte"), "{e}");
+    let e = sock_diag::parse(Proto::Tcp, Family::V4, b"not a netlink reply at all", "junk")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("junk:1: "), "{e}");
+}

@@ -8,10 +8,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use fraglab_probe::sock_diag::{SkMem, Socket};
+use fraglab_probe::sock_diag::{self, Proto, SkMem, Socket};
 use fraglab_units::format_size;
 
-/// The nine skmem fields, each a `T`: `u64` for maxima and sums, `f64` for means. Field names are
+/// The nine skmem fields, each a `T`: `i64` for maxima and sums (`f` may be negative), `f64` for
+/// means. Field names are
 /// `ss`'s (see `fraglab_probe::sock_diag` for what each is).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Fields<T> {
@@ -36,14 +37,14 @@ impl<T: Copy> Fields<T> {
     }
 }
 
-impl Fields<u64> {
-    fn of(m: &SkMem) -> Fields<u64> {
+impl Fields<i64> {
+    fn of(m: &SkMem) -> Fields<i64> {
         let v = m.fields();
-        Fields::from_fn(|i| u64::from(v[i].1))
+        Fields::from_fn(|i| v[i].1)
     }
 
-    /// Bytes held: `r + w + t + f` (as [`SkMem::held`]).
-    pub fn held(&self) -> u64 {
+    /// Bytes charged: `r + w + t + f` (as [`SkMem::held`]).
+    pub fn held(&self) -> i64 {
         self.r + self.w + self.t + self.f
     }
 }
@@ -62,6 +63,8 @@ pub enum Role {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SocketStat {
     pub role: Role,
+    /// As `ss` names it, when first seen (for SCTP, the socket's state, not an association's).
+    pub state: String,
     pub local: String,
     pub remote: String,
     pub inode: u32,
@@ -69,7 +72,7 @@ pub struct SocketStat {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub associations: u32,
     pub samples: u64,
-    pub max: Fields<u64>,
+    pub max: Fields<i64>,
     pub mean: Fields<f64>,
 }
 
@@ -83,7 +86,7 @@ pub struct Sample {
     /// Seconds from the start of the window.
     pub t_s: f64,
     pub sockets: u64,
-    pub sum: Fields<u64>,
+    pub sum: Fields<i64>,
     /// The protocol's memory_allocated at the same moment, bytes (sockstat `TCP: mem`, or the SCTP
     /// row of /proc/net/protocols, × page size): every socket of the protocol on the machine, and
     /// the per-CPU reserves, not only these.
@@ -99,13 +102,13 @@ pub struct Summary {
     /// Mean over sockets of each socket's mean: what one socket typically held.
     pub per_socket_mean: Fields<f64>,
     /// The largest any one socket held at a sample.
-    pub per_socket_max: Fields<u64>,
+    pub per_socket_max: Fields<i64>,
     /// The largest sum over the sockets at a sample (each field's own peak).
-    pub sum_max: Fields<u64>,
+    pub sum_max: Fields<i64>,
     /// The sum over the sockets, averaged over the samples.
     pub sum_mean: Fields<f64>,
     /// The largest [`Sample::held`] sum — r + w + t + f over the sockets at one sample.
-    pub held_max: u64,
+    pub held_max: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proto_mem_max_bytes: Option<u64>,
 }
@@ -148,9 +151,9 @@ pub const MAX_LISTED: usize = 2 * 4096 + 16;
 pub struct Builder {
     rec: SockMem,
     /// inode → index in `rec.sockets`, and the running sums for its mean.
-    seen: BTreeMap<u32, (usize, Fields<u64>)>,
+    seen: BTreeMap<u32, (usize, Fields<i64>)>,
     unlisted: BTreeMap<u32, ()>,
-    sum_total: [u64; 9],
+    sum_total: [i64; 9],
 }
 
 impl Builder {
@@ -161,7 +164,8 @@ impl Builder {
 
     /// One dump's worth: the workload's sockets with their roles, at `t_s` into the window.
     pub fn add(&mut self, t_s: f64, sockets: &[(Role, Socket)], proto_mem_bytes: Option<u64>) {
-        let mut sum = Fields::<u64>::default();
+        let proto = if self.rec.proto == "sctp" { Proto::Sctp } else { Proto::Tcp };
+        let mut sum = Fields::<i64>::default();
         for (role, s) in sockets {
             let v = Fields::of(&s.skmem);
             sum = Fields::from_fn(|i| sum.get(i) + v.get(i));
@@ -175,6 +179,7 @@ impl Builder {
                 self.seen.insert(s.inode, (self.rec.sockets.len(), v));
                 self.rec.sockets.push(SocketStat {
                     role: *role,
+                    state: sock_diag::state_name(proto, false, s.state).into(),
                     local: s.local.to_string(),
                     remote: s.remote.to_string(),
                     inode: s.inode,
@@ -191,8 +196,10 @@ impl Builder {
             *total += sum.get(i);
         }
         let m = &mut self.rec.summary;
-        m.sum_max = Fields::from_fn(|i| m.sum_max.get(i).max(sum.get(i)));
-        m.held_max = m.held_max.max(sum.held());
+        // The first sample sets the peaks: a sum of forward allocations may be below zero.
+        let first = self.rec.samples == 0;
+        m.sum_max = Fields::from_fn(|i| if first { sum.get(i) } else { m.sum_max.get(i).max(sum.get(i)) });
+        m.held_max = if first { sum.held() } else { m.held_max.max(sum.held()) };
         if let Some(b) = proto_mem_bytes {
             m.proto_mem_max_bytes = Some(m.proto_mem_max_bytes.unwrap_or(0).max(b));
         }
@@ -241,7 +248,7 @@ impl SockMem {
                 self.error.as_deref().unwrap_or("the window ended before the first sample")
             )];
         }
-        let kib = |v: f64| format_size(v.round() as u64);
+        let kib = |v: f64| signed_size(v.round() as i64);
         let mut out = vec![format!(
             "{} {} sockets ({}), {} samples every {} ms; per socket f mean {} max {}, w mean {}, r mean {}",
             s.sockets,
@@ -250,14 +257,14 @@ impl SockMem {
             self.samples,
             self.interval_ms,
             kib(s.per_socket_mean.f),
-            format_size(s.per_socket_max.f),
+            signed_size(s.per_socket_max.f),
             kib(s.per_socket_mean.w),
             kib(s.per_socket_mean.r),
         )];
         let mut line = format!(
             "sum over sockets: held (r+w+t+f) max {}, f max {}",
-            format_size(s.held_max),
-            format_size(s.sum_max.f)
+            signed_size(s.held_max),
+            signed_size(s.sum_max.f)
         );
         if let Some(p) = s.proto_mem_max_bytes {
             line += &format!("; {} memory_allocated max {}", self.proto.to_uppercase(), format_size(p));
@@ -274,11 +281,21 @@ impl SockMem {
     }
 }
 
+/// A size that may be negative (a forward allocation below zero): `-4.00 KiB`.
+pub fn signed_size(v: i64) -> String {
+    let s = format_size(v.unsigned_abs());
+    if v < 0 {
+        format!("-{s}")
+    } else {
+        s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sock(inode: u32, f: u32, r: u32) -> Socket {
+    fn sock(inode: u32, f: i32, r: u32) -> Socket {
         Socket {
             inode,
             state: 1,
@@ -334,7 +351,22 @@ mod tests {
             (m.sockets.len(), m.not_listed, m.summary.sockets),
             (MAX_LISTED, 5, MAX_LISTED as u64 + 5)
         );
-        assert_eq!(m.series[0].sum.f, MAX_LISTED as u64 + 5);
+        assert_eq!(m.series[0].sum.f, MAX_LISTED as i64 + 5);
+    }
+
+    /// SCTP charges received chunks before it schedules memory: a forward allocation below zero is
+    /// kept as it is (seen in the 6.1 guest: the kernel's int sent as a u32, 4294963200), not read as
+    /// 4 GiB, and the peaks start from the first sample, not from zero.
+    #[test]
+    fn a_forward_allocation_below_zero_stays_below_zero() {
+        let mut b = Builder::new("sctp", "ipv4", 100);
+        b.add(0.1, &[(Role::Server, sock(7, -4096, 2000))], None);
+        b.add(0.2, &[(Role::Server, sock(7, -8192, 0))], None);
+        let m = b.finish();
+        let s = &m.summary;
+        assert_eq!((s.sum_max.f, s.per_socket_max.f, s.per_socket_mean.f), (-4096, -4096, -6144.0));
+        assert_eq!(s.held_max, 2000 - 4096);
+        assert!(m.summary_lines()[0].contains("f mean -6.00 KiB max -4.00 KiB"), "{:?}", m.summary_lines());
     }
 
     #[test]

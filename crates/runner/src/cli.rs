@@ -126,6 +126,25 @@ pub struct ProbeArgs {
     /// Monitors to sample, comma-separated (default: all this machine allows).
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub monitors: Vec<String>,
+    /// Instead of a snapshot: every socket of this protocol (IPv4 and IPv6) with its memory, as
+    /// `ss -tm` shows it — summed, beside the protocol's memory_allocated, and the top sockets by
+    /// forward allocation (`f`).
+    #[arg(long, value_enum, value_name = "PROTO", conflicts_with_all = ["watch", "monitors"])]
+    pub sockets: Option<SocketsProto>,
+    /// With --sockets: how many sockets to list, largest forward allocation first.
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "sockets")]
+    pub top: usize,
+    /// With --sockets: also save the raw netlink replies here (FILE.ipv4, FILE.ipv6), for a bug
+    /// report or a test capture.
+    #[arg(long, value_name = "FILE", requires = "sockets")]
+    pub dump_to: Option<PathBuf>,
+}
+
+/// The protocols `fraglab probe --sockets` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SocketsProto {
+    Tcp,
+    Sctp,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -238,7 +257,8 @@ pub struct VmArgs {
     /// merge with scripts/kconfig/merge_config.sh onto tinyconfig or defconfig.
     #[arg(long, exclusive = true)]
     pub print_kconfig: bool,
-    /// Also load this module (with its dependencies); sctp is loaded whenever the kernel has it.
+    /// Also load this module (with its dependencies); sctp, inet_diag, tcp_diag and sctp_diag are
+    /// loaded whenever the kernel has them.
     #[arg(long = "module", value_name = "NAME")]
     pub module: Vec<String>,
     /// Guest memory.

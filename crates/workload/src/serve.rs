@@ -71,7 +71,6 @@ const DEFAULT_LISTEN: &str = "0.0.0.0:12866";
 /// The same port on every IPv6 address (and, unless net.ipv6.bindv6only is set, IPv4 too).
 const DEFAULT_LISTEN6: &str = "[::]:12866";
 
-
 /// `fraglab serve`: the server side for `--peer`, until SIGINT/SIGTERM or `--duration`. Every flag
 /// is checked first; then, for `--proto sctp` on a kernel without SCTP, it says so and exits 125.
 /// [`ServeArgs`] alone is `--proto tcp`.

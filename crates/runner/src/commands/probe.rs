@@ -12,12 +12,19 @@ use fraglab_probe::meminfo::FreeTable;
 use fraglab_probe::snapshot::{Monitor, Sampler, Snapshot};
 use fraglab_probe::zoneinfo::ZoneInfo;
 
-use crate::cli::ProbeArgs;
+use crate::cli::{ProbeArgs, SocketsProto};
+use fraglab_probe::sock_diag::{self, Family, Proto, SkMem, Socket};
+use fraglab_probe::sockstat::SockStat;
 use fraglab_units::{format_size, order_size, parse_duration};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use crate::exit::Exit;
 
 pub fn run(args: ProbeArgs) -> Result<Exit> {
+    if let Some(proto) = args.sockets {
+        return sockets(&args, proto);
+    }
     // Resolve before sampling: a bad interval or monitor name is refused before any file is opened.
     let interval =
         args.watch.as_deref().map(parse_duration).transpose().map_err(|e| anyhow::anyhow!("--watch: {e}"))?;
@@ -288,4 +295,136 @@ mod tests {
         assert!(out.contains("(no memory in zone Movable, Device)"), "{out}");
         assert!(!out.contains("zone Movable "), "{out}");
     }
+}
+
+/// `fraglab probe --sockets PROTO`: every socket of the protocol, both families, with its memory —
+/// summed, beside the protocol's memory_allocated, and the `top` sockets by forward allocation.
+fn sockets(args: &ProbeArgs, proto: SocketsProto) -> Result<Exit> {
+    let proto = match proto {
+        SocketsProto::Tcp => Proto::Tcp,
+        SocketsProto::Sctp => Proto::Sctp,
+    };
+    let wall = fraglab_results::workload::wall_now();
+    let mut all: Vec<(Family, Socket)> = Vec::new();
+    let mut families = BTreeMap::new();
+    let mut without_memory = 0;
+    for family in [Family::V4, Family::V6] {
+        let dump = sock_diag::read(proto, family).map_err(|e| match &e {
+            fraglab_probe::Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT) => {
+                // Could not test (125): the kernel lacks the protocol's diag handler.
+                anyhow::Error::new(fraglab_workload::Unsupported(format!(
+                    "{e}: this kernel has no {p}_diag (CONFIG_INET_{P}_DIAG), or it is a module not loaded \
+                     (modprobe {p}_diag)",
+                    p = proto.name(),
+                    P = proto.name().to_uppercase()
+                )))
+            }
+            _ => anyhow::Error::new(e),
+        })?;
+        if let Some(base) = &args.dump_to {
+            let path = PathBuf::from(format!("{}.{}", base.display(), family.key()));
+            std::fs::write(&path, &dump.raw).with_context(|| format!("cannot write {}", path.display()))?;
+            eprintln!(
+                "fraglab probe: {} bytes of {} replies saved to {}",
+                dump.raw.len(),
+                family.name(),
+                path.display()
+            );
+        }
+        let socks = dump.sockets();
+        without_memory += dump.entries.iter().filter(|e| e.skmem.is_none() || e.inode == 0).count();
+        families.insert(family.key(), socks.len());
+        all.extend(socks.into_iter().map(|s| (family, s)));
+    }
+    let mut sum = [0i64; 9];
+    for (_, s) in &all {
+        for (acc, (_, v)) in sum.iter_mut().zip(s.skmem.fields()) {
+            *acc += v;
+        }
+    }
+    let names = SkMem::default().fields().map(|(k, _)| k);
+    let held: i64 = all.iter().map(|(_, s)| s.skmem.held()).sum();
+    let stat = SockStat::read().ok();
+    let pages = stat.as_ref().and_then(|s| match proto {
+        Proto::Tcp => s.mem_pages("TCP"),
+        Proto::Sctp => s.sctp().and_then(|(_, p)| p),
+    });
+    let proto_mem = pages.map(|p| p * procfs::page_size() as i64);
+    all.sort_by_key(|(_, s)| std::cmp::Reverse(s.skmem.f));
+    let top: Vec<&(Family, Socket)> = all.iter().take(args.top).collect();
+    let state = |s: &Socket| sock_diag::state_name(proto, false, s.state);
+
+    if args.json {
+        let top: Vec<serde_json::Value> = top
+            .iter()
+            .map(|(family, s)| {
+                serde_json::json!({
+                    "family": family.key(), "state": state(s), "local": s.local.to_string(),
+                    "remote": s.remote.to_string(), "inode": s.inode, "associations": s.associations,
+                    "skmem": s.skmem,
+                })
+            })
+            .collect();
+        let sum: BTreeMap<&str, i64> = names.iter().copied().zip(sum).collect();
+        let out = serde_json::json!({
+            "wall": wall, "proto": proto.name(), "sockets": families, "without_memory": without_memory,
+            "sum": sum, "held": held, "proto_mem_bytes": proto_mem, "top": top,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(Exit::Ok);
+    }
+    let mut o = format!("fraglab probe --sockets {} at {wall}\n", proto.name());
+    let counts: Vec<String> = families.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    o += &format!("  sockets   {}", counts.join(", "));
+    if without_memory > 0 {
+        o += &format!(" ({without_memory} more without memory: TIME-WAIT and request sockets)");
+    }
+    o += "\n";
+    let cells: Vec<String> = names
+        .iter()
+        .zip(sum)
+        .map(|(k, v)| format!("{k} {}", fraglab_results::skmem::signed_size(v)))
+        .collect();
+    o += &format!("  sum       {}\n", cells.join("  "));
+    o += &format!("  charged   r+w+t+f {}", fraglab_results::skmem::signed_size(held));
+    match (proto_mem, pages) {
+        (Some(b), Some(p)) => {
+            o += &format!(
+                "; {} memory_allocated {} ({p} pages)",
+                proto.name().to_uppercase(),
+                format_size(b as u64)
+            )
+        }
+        _ => o += &format!("; {} memory_allocated not readable", proto.name().to_uppercase()),
+    }
+    o += "\n";
+    if !top.is_empty() {
+        o += &format!("top {} by forward allocation (f):\n", top.len());
+        let rows: Vec<[String; 5]> = top
+            .iter()
+            .map(|(_, s)| {
+                [
+                    state(s).to_string(),
+                    s.local.to_string(),
+                    s.remote.to_string(),
+                    s.inode.to_string(),
+                    s.skmem.to_string(),
+                ]
+            })
+            .collect();
+        let head = ["State", "Local", "Peer", "Inode", "Memory"];
+        let width: Vec<usize> = (0..5)
+            .map(|i| rows.iter().map(|r| r[i].len()).chain([head[i].len()]).max().unwrap_or(0))
+            .collect();
+        let fmt = |r: &[&str]| {
+            let cells: Vec<String> = r.iter().zip(&width).map(|(c, w)| format!("{c:<w$}")).collect();
+            format!("  {}\n", cells.join("  ").trim_end())
+        };
+        o += &fmt(&head);
+        for r in &rows {
+            o += &fmt(&r.iter().map(String::as_str).collect::<Vec<_>>());
+        }
+    }
+    print!("{o}");
+    Ok(Exit::Ok)
 }

@@ -14,8 +14,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-/// Modules every guest gets when its kernel has them: SCTP (the host kernel has none).
-pub const DEFAULT_MODULES: &[&str] = &["sctp"];
+/// Modules every guest gets when its kernel has them: SCTP (the host kernel has none), and the
+/// sock_diag handlers the socket workloads read their sockets' memory through (`ss -tm`'s source;
+/// a guest has no modprobe to load them on first use, as a distribution's userspace would).
+pub const DEFAULT_MODULES: &[&str] = &["sctp", "inet_diag", "tcp_diag", "sctp_diag"];
 
 /// A module ready for the initramfs.
 #[derive(Clone, Debug)]
