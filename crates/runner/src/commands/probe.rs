@@ -275,28 +275,6 @@ pub fn watermarks(zi: &ZoneInfo) -> String {
     o
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn watermark_lines_from_a_real_capture() {
-        let text = include_str!("../../../probe/tests/captures/host-6.18/zoneinfo-grown");
-        let zi = ZoneInfo::parse(text, "zoneinfo-grown").unwrap();
-        let out = watermarks(&zi);
-        assert_eq!(procfs::page_size(), 4096, "the expected MiB figures assume 4 KiB pages");
-        let normal = out.lines().find(|l| l.starts_with("Node 0, zone Normal")).unwrap();
-        let cells: Vec<&str> = normal.split_whitespace().skip(4).collect();
-        // free 947167, min 14769, low 20163, high 25557, promo 30951, boost 0, pcp 20027 + 62194,
-        // pcp high 28728 + 63034 = 358.4 MiB, managed 5394258 pages.
-        assert_eq!(&cells[..7], ["3699.9", "57.7", "78.8", "99.8", "120.9", "0.0", "321.2"]);
-        assert_eq!(cells[7..], ["358.4", "21071.3"]);
-        assert!(!normal.contains("below"), "{normal}");
-        assert!(out.contains("(no memory in zone Movable, Device)"), "{out}");
-        assert!(!out.contains("zone Movable "), "{out}");
-    }
-}
-
 /// `fraglab probe --sockets PROTO`: every socket of the protocol, both families, with its memory —
 /// summed, beside the protocol's memory_allocated, and the `top` sockets by forward allocation.
 fn sockets(args: &ProbeArgs, proto: SocketsProto) -> Result<Exit> {
@@ -427,4 +405,26 @@ fn sockets(args: &ProbeArgs, proto: SocketsProto) -> Result<Exit> {
     }
     print!("{o}");
     Ok(Exit::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watermark_lines_from_a_real_capture() {
+        let text = include_str!("../../../probe/tests/captures/host-6.18/zoneinfo-grown");
+        let zi = ZoneInfo::parse(text, "zoneinfo-grown").unwrap();
+        let out = watermarks(&zi);
+        assert_eq!(procfs::page_size(), 4096, "the expected MiB figures assume 4 KiB pages");
+        let normal = out.lines().find(|l| l.starts_with("Node 0, zone Normal")).unwrap();
+        let cells: Vec<&str> = normal.split_whitespace().skip(4).collect();
+        // free 947167, min 14769, low 20163, high 25557, promo 30951, boost 0, pcp 20027 + 62194,
+        // pcp high 28728 + 63034 = 358.4 MiB, managed 5394258 pages.
+        assert_eq!(&cells[..7], ["3699.9", "57.7", "78.8", "99.8", "120.9", "0.0", "321.2"]);
+        assert_eq!(cells[7..], ["358.4", "21071.3"]);
+        assert!(!normal.contains("below"), "{normal}");
+        assert!(out.contains("(no memory in zone Movable, Device)"), "{out}");
+        assert!(!out.contains("zone Movable "), "{out}");
+    }
 }
