@@ -591,6 +591,21 @@ fn metrics_of(result: &WorkloadResult) -> Vec<(String, String, Better, f64)> {
             out.push((format!("latency {p}"), "µs".into(), Better::Lower, v as f64));
         }
     }
+    // Seed 004's measure: what one socket keeps charged but unused, and what all of them held.
+    if let Some(m) = result.skmem.as_ref().filter(|m| m.samples > 0) {
+        out.push((
+            "forward alloc per socket".into(),
+            "bytes".into(),
+            Better::Lower,
+            m.summary.per_socket_mean.f,
+        ));
+        out.push((
+            "socket memory held, peak".into(),
+            "bytes".into(),
+            Better::Lower,
+            m.summary.held_max as f64,
+        ));
+    }
     out
 }
 

@@ -247,6 +247,39 @@ pub fn latency(sides: &[&RunData], letters: &[String], kind: &str) -> Option<Plo
     Some(Plot { kind: kind.into(), unit: "µs".into(), x: x_axis?, series: all })
 }
 
+/// What a socket's forward allocation is summarised by in the plot: (label, its value in a result).
+pub type FwdStat = fn(&fraglab_results::skmem::Summary) -> f64;
+
+/// Forward allocation per socket: the mean over sockets of each one's mean, and the largest any one
+/// socket held.
+pub const FWD_ALLOC: [(&str, FwdStat); 2] =
+    [("mean per socket", |s| s.per_socket_mean.f), ("max per socket", |s| s.per_socket_max.f as f64)];
+
+/// Forward allocation (`sk_forward_alloc`, skmem's `f`) of `kind`'s sockets against the sweep, in
+/// bytes: one series per side/group and statistic. `None` when no result of the kind sampled its
+/// sockets.
+pub fn forward_alloc(sides: &[&RunData], letters: &[String], kind: &str) -> Option<Plot> {
+    fn sampled(w: &WorkloadRecord) -> Option<&fraglab_results::skmem::SockMem> {
+        w.result.skmem.as_ref().filter(|m| m.samples > 0)
+    }
+    let has =
+        sides.iter().flat_map(|r| r.workloads.iter()).any(|w| w.result.kind == kind && sampled(w).is_some());
+    if !has {
+        return None;
+    }
+    let mut all = Vec::new();
+    let mut x_axis = None;
+    for (label, stat) in FWD_ALLOC {
+        let (x, series) = collect(sides, letters, kind, &|w| sampled(w).map(|m| stat(&m.summary)));
+        x_axis.get_or_insert(x);
+        all.extend(series.into_iter().map(|mut s| {
+            s.name = format!("{} {label}", s.name);
+            s
+        }));
+    }
+    Some(Plot { kind: kind.into(), unit: "bytes".into(), x: x_axis?, series: all })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -263,6 +263,38 @@ fn report_of_a_real_run_draws_every_zone_phase_counter_and_sweep_line() {
         }
     }
 
+    // Forward allocation per socket (seed 004): tcp-stream's sockets sampled every window, a line
+    // per statistic and high_order_alloc_disable value, each point the mean over the iterations of
+    // what workloads.json recorded.
+    let mut fwd: BTreeMap<(String, u64), Vec<f64>> = BTreeMap::new();
+    for w in workloads.as_array().unwrap().iter().filter(|w| w["result"]["kind"] == "tcp-stream") {
+        let skmem = &w["result"]["skmem"];
+        // One client and one accepted socket per thread, seen by every sample of the window.
+        let threads = w["point"]["threads"].as_u64().unwrap();
+        assert_eq!(skmem["summary"]["sockets"].as_u64(), Some(2 * threads), "{skmem}");
+        assert!(skmem["samples"].as_u64().unwrap() >= 5, "{skmem}");
+        let disable = w["point"]["sysctl.net.core.high_order_alloc_disable"].to_string();
+        for (label, field) in [("mean per socket", "per_socket_mean"), ("max per socket", "per_socket_max")] {
+            fwd.entry((format!("tcp-stream high_order_alloc_disable={disable} {label}"), threads))
+                .or_default()
+                .push(skmem["summary"][field]["f"].as_f64().unwrap());
+        }
+    }
+    let chart = doc.descendants().find(|n| n.attribute("data-chart") == Some("skmem-tcp-stream")).unwrap();
+    let mut seen = 0;
+    for s in chart.descendants().filter(|n| n.has_tag_name("g") && n.attribute("data-series").is_some()) {
+        let name = s.attribute("data-series").unwrap();
+        for c in s.children().filter(|c| c.has_tag_name("circle")) {
+            let x: f64 = c.attribute("data-x").unwrap().parse().unwrap();
+            let y: f64 = c.attribute("data-y").unwrap().parse().unwrap();
+            let v = &fwd[&(name.to_string(), x as u64)];
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            assert!((y - mean).abs() <= 1e-9 * mean.abs().max(1.0), "{name} at {x}: {y} vs {mean}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 8, "two statistics × two sysctl values × two thread counts");
+
     // The leak: every round left FILES_PER_ROUND more tmpfs inodes behind.
     let leaks = doc.descendants().find(|n| n.attribute("data-section") == Some("leaks")).unwrap();
     let row = leaks
@@ -510,7 +542,7 @@ fn the_report_renders_in_headless_chromium_without_console_errors() {
     let svgs = html.matches("<svg ").count();
     assert!(svgs > 10);
     assert_eq!(dom.matches("<svg ").count(), svgs, "chromium's DOM lost charts");
-    for id in ["buddyinfo", "memory", "compaction", "throughput", "latency", "failures", "leaks"] {
+    for id in ["buddyinfo", "memory", "compaction", "throughput", "latency", "skmem", "failures", "leaks"] {
         assert!(dom.contains(&format!(r#"<section id="{id}">"#)), "section {id} missing from the DOM");
     }
     let (colours, variance, size) = png_stats(&png);

@@ -528,3 +528,130 @@ fn two_hosts_over_veth_serve_and_peer() {
     assert!(rest.contains(&format!("{transactions} transactions")), "{rest}");
     hosts.server = None;
 }
+
+/// Seed 004's view of a run: tcp-stream over IPv6 loopback with the socket buffers set, and every
+/// socket's memory sampled through sock_diag. rb and tb are what getsockopt read back on a client
+/// (`rcvbuf_effective`, `sndbuf_effective`: the kernel doubles the request) on every socket, both
+/// ends, at every sample; the per-sample sums add up; forward allocation is a 6.x kernel's (under
+/// the 1 MiB per-CPU cushion, never the megabytes seed 004's old kernels kept). Thread counts and
+/// buffer sizes vary so no figure lines up by chance.
+#[test]
+fn stream_over_ipv6_records_each_sockets_memory() {
+    let sc = Scratch::new("skmem");
+    for (threads, snd, rcv) in [(1, "48KiB", "96KiB"), (3, "72KiB", "40000")] {
+        let t = threads.to_string();
+        let v = sc.json(
+            None,
+            &[
+                "workload",
+                "tcp-stream",
+                "--ipv6",
+                "--threads",
+                &t,
+                "--duration",
+                "1500ms",
+                "--msg",
+                "256",
+                "--sndbuf",
+                snd,
+                "--rcvbuf",
+                rcv,
+                "--json",
+            ],
+        );
+        let server = v["details"]["server"].as_str().unwrap().to_string();
+        assert!(server.starts_with("[::1]:"), "{server}");
+        let tb = v["details"]["sndbuf_effective"].as_i64().unwrap();
+        let rb = v["details"]["rcvbuf_effective"].as_i64().unwrap();
+        let m = &v["skmem"];
+        assert_eq!((m["proto"].as_str(), m["family"].as_str()), (Some("tcp"), Some("ipv6")), "{m}");
+        let samples = m["samples"].as_u64().unwrap();
+        assert!(samples >= 7, "1.5 s at 150 ms: {samples} samples");
+        assert_eq!(
+            m["summary"]["sockets"].as_u64(),
+            Some(2 * threads),
+            "a client and an accepted socket each"
+        );
+        let socks = m["sockets"].as_array().unwrap();
+        let role = |r: &str| socks.iter().filter(|s| s["role"] == r).count() as u64;
+        assert_eq!((role("client"), role("server")), (threads, threads));
+        for s in socks {
+            let (max, mean) = (&s["max"], &s["mean"]);
+            assert!(s["remote"] == server || s["local"] == server, "{s}");
+            assert_eq!(s["state"], "ESTAB");
+            assert!(s["samples"].as_u64().unwrap() >= samples - 1, "seen through the window: {s}");
+            assert_eq!((max["rb"].as_i64(), max["tb"].as_i64()), (Some(rb), Some(tb)), "{s}");
+            assert_eq!((mean["rb"].as_f64(), mean["tb"].as_f64()), (Some(rb as f64), Some(tb as f64)), "{s}");
+            // The write queue stays within the send buffer plus one skb being filled; what is
+            // received within the receive buffer plus what the kernel lets through past it.
+            assert!(max["w"].as_i64().unwrap() <= tb + (64 << 10), "{s}");
+            assert!(max["r"].as_i64().unwrap() <= 2 * rb, "{s}");
+            let f = max["f"].as_i64().unwrap();
+            assert!((0..1 << 20).contains(&f), "forward allocation {f}: {s}");
+        }
+        for p in m["series"].as_array().unwrap() {
+            let n = p["sockets"].as_i64().unwrap();
+            assert_eq!(p["sum"]["rb"].as_i64(), Some(n * rb), "{p}");
+            assert_eq!(p["sum"]["tb"].as_i64(), Some(n * tb), "{p}");
+            assert!(p["proto_mem_bytes"].as_u64().is_some(), "sockstat's TCP mem beside it: {p}");
+        }
+        let f_max = m["summary"]["per_socket_max"]["f"].as_i64().unwrap();
+        assert_eq!(f_max, socks.iter().map(|s| s["max"]["f"].as_i64().unwrap()).max().unwrap());
+    }
+    // The human summary says it too.
+    let out = sc.fraglab(None, &["workload", "tcp-rr", "--ipv6", "--clients", "2", "--duration", "500ms"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("skmem     4 tcp sockets (ipv6)"), "{text}");
+}
+
+/// `fraglab serve --ipv6` and a `--peer [::1]:PORT`: the clients' sockets only (the server's are
+/// another process's); an IPv4 peer with --ipv6 is refused before anything starts.
+#[test]
+fn serve_and_peer_over_ipv6() {
+    let sc = Scratch::new("serve6");
+    let mut server = sc
+        .cmd(None)
+        .args(["serve", "--ipv6", "--listen", "[::1]:0", "--duration", "30s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start fraglab serve");
+    let mut stdout = BufReader::new(server.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let addr = line.split_whitespace().skip_while(|w| *w != "on").nth(1).unwrap().to_string();
+    assert!(addr.starts_with("[::1]:"), "{line}");
+    let v = sc.json(
+        None,
+        &[
+            "workload",
+            "tcp-stream",
+            "--ipv6",
+            "--threads",
+            "2",
+            "--duration",
+            "1s",
+            "--peer",
+            &addr,
+            "--json",
+        ],
+    );
+    assert_eq!(v["details"]["server"], addr.as_str());
+    let m = &v["skmem"];
+    assert_eq!(m["summary"]["sockets"].as_u64(), Some(2), "{m}");
+    assert!(m["sockets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["role"] == "client" && s["remote"] == addr.as_str()));
+    let port = addr.rsplit(':').next().unwrap();
+    let out = sc.fraglab(
+        None,
+        &["workload", "tcp-stream", "--ipv6", "--duration", "1s", "--peer", &format!("127.0.0.1:{port}")],
+    );
+    assert_eq!(out.status.code(), Some(255));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("has no IPv6 address and --ipv6 asks for one"), "{err}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::SIGTERM)
+        .unwrap();
+    assert!(server.wait().unwrap().success());
+}
