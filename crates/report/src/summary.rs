@@ -129,6 +129,7 @@ pub fn render_run(run: &Run) -> String {
             );
         }
     }
+    o += &skmem_table(run);
     let failures: Vec<_> = run.failed().collect();
     let mut by_order: BTreeMap<u32, (u64, BTreeMap<String, u64>)> = BTreeMap::new();
     for f in &failures {
@@ -186,6 +187,68 @@ pub fn render_run(run: &Run) -> String {
     }
     for n in &run.notes {
         o += &format!("note: {n}\n");
+    }
+    o
+}
+
+/// The workloads' own sockets, per point and kind (means over the iterations): how many, what one
+/// kept as forward allocation (mean and the largest), and the peak of what all of them held beside
+/// the protocol's memory_allocated. Empty when no workload sampled its sockets.
+fn skmem_table(run: &Run) -> String {
+    let mut table: BTreeMap<(Point, String), Vec<&fraglab_results::skmem::Summary>> = BTreeMap::new();
+    for w in &run.workloads {
+        if let Some(m) = w.result.skmem.as_ref().filter(|m| m.samples > 0) {
+            table.entry((w.point.clone(), w.result.kind.clone())).or_default().push(&m.summary);
+        }
+    }
+    if table.is_empty() {
+        return String::new();
+    }
+    let mut rows: Vec<_> = table.iter().collect();
+    rows.sort_by(|a, b| a.0 .0.by_value(&b.0 .0).then_with(|| a.0 .1.cmp(&b.0 .1)));
+    let mean = |v: &[&fraglab_results::skmem::Summary],
+                f: &dyn Fn(&fraglab_results::skmem::Summary) -> f64| {
+        v.iter().map(|s| f(s)).sum::<f64>() / v.len() as f64
+    };
+    let size = |v: f64| fraglab_results::skmem::signed_size(v.round() as i64);
+    let cells: Vec<[String; 7]> = rows
+        .iter()
+        .map(|((point, kind), v)| {
+            [
+                point.label(),
+                kind.clone(),
+                format!("{:.0}", mean(v, &|s| s.sockets as f64)),
+                size(mean(v, &|s| s.per_socket_mean.f)),
+                size(mean(v, &|s| s.per_socket_max.f as f64)),
+                size(mean(v, &|s| s.held_max as f64)),
+                if v.iter().all(|s| s.proto_mem_max_bytes.is_some()) {
+                    size(mean(v, &|s| s.proto_mem_max_bytes.unwrap_or(0) as f64))
+                } else {
+                    "-".into()
+                },
+            ]
+        })
+        .collect();
+    let head = ["point", "workload", "sockets", "f/socket", "f max", "held peak", "proto mem peak"];
+    let width: Vec<usize> = (0..7)
+        .map(|i| cells.iter().map(|c| c[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0))
+        .collect();
+    let line = |c: &[&str]| {
+        let mut l = String::new();
+        for (i, (cell, w)) in c.iter().zip(&width).enumerate() {
+            if i < 2 {
+                l += &format!("{cell:<w$} ");
+            } else {
+                l += &format!("{cell:>w$} ");
+            }
+        }
+        l.trim_end().to_string() + "\n"
+    };
+    let mut o =
+        String::from("\nsocket memory (skmem of the workloads' own sockets, means over iterations)\n");
+    o += &line(&head);
+    for c in &cells {
+        o += &line(&c.iter().map(String::as_str).collect::<Vec<_>>());
     }
     o
 }

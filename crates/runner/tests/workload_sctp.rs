@@ -223,3 +223,46 @@ fn rr_counts_transactions() {
         assert_eq!(detail(&r, "server_replies"), r.ok + extra);
     }
 }
+
+/// Each SCTP socket's memory, sampled through sctp_diag, over IPv6 in both styles: one-to-one is a
+/// client and an accepted socket per thread; one-to-many is a socket per client and the server's one
+/// socket carrying every association. tb is what getsockopt read back (`sndbuf_bytes`) on every
+/// socket; an SCTP socket's forward allocation may be below zero (it charges received chunks before
+/// scheduling memory for them) and is kept signed.
+#[test]
+fn skmem_of_both_styles_over_ipv6() {
+    if !sctp_or_skip() {
+        return;
+    }
+    for (style, threads, sockets) in [(Style::OneToOne, 2, 4), (Style::OneToMany, 3, 4)] {
+        let a = StreamArgs {
+            threads,
+            duration: "1500ms".into(),
+            sndbuf: Some("96KiB".into()),
+            style,
+            ipv6: true,
+            ..Default::default()
+        };
+        let r = sctp::stream(&a).unwrap();
+        assert!(r.bytes > 0 && r.failed == 0, "{style:?}: {r:#?}");
+        let server = detail(&r, "server").as_str().unwrap().to_string();
+        assert!(server.contains("[::1]:"), "{server}");
+        let m = r.skmem.as_ref().expect("skmem sampled");
+        assert_eq!((m.proto.as_str(), m.family.as_str(), m.failed_samples), ("sctp", "ipv6", 0), "{m:#?}");
+        assert!(m.samples >= 5, "{m:#?}");
+        assert_eq!(m.summary.sockets, sockets, "{style:?}: {m:#?}");
+        let tb = detail(&r, "sndbuf_bytes").as_i64().unwrap();
+        for s in &m.sockets {
+            assert_eq!(s.max.tb, tb, "{s:#?}");
+            assert!(s.max.f.abs() < 1 << 20, "{s:#?}");
+        }
+        let clients: Vec<_> =
+            m.sockets.iter().filter(|s| s.role == fraglab_results::skmem::Role::Client).collect();
+        assert_eq!(clients.len() as u64, threads);
+        assert!(clients.iter().all(|s| server.ends_with(&s.remote) && s.associations == 1), "{clients:#?}");
+        if style == Style::OneToMany {
+            let srv = m.sockets.iter().find(|s| s.role == fraglab_results::skmem::Role::Server).unwrap();
+            assert_eq!(srv.associations as u64, threads, "{srv:#?}");
+        }
+    }
+}
