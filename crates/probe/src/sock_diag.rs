@@ -31,7 +31,7 @@
 //! sctp_diag (a module of its own, `sctp_diag.ko`) answers with one message per endpoint and one per
 //! association. A socket that has associations is sent first as its endpoint, then once per
 //! association; a socket may also be sent again by the listener pass. [`Dump::sockets`] folds these
-//! into one [`Socket`] per inode: the memory of its first message (the socket's own, where an
+//! into one [`Socket`] per socket cookie (the kernel's unique id of a socket): the memory of its first message (the socket's own, where an
 //! association's message may carry that association's share in `t` and `r`), the addresses of its
 //! first association. An association's `state` is SCTP's own (`SCTP_STATE_ESTABLISHED` = 3), an
 //! endpoint's the socket's (`TCP_LISTEN` = 10 for a listener).
@@ -184,9 +184,13 @@ pub struct Entry {
     pub state: u8,
     pub local: SocketAddr,
     pub remote: SocketAddr,
-    /// The socket's inode (`ls -l /proc/PID/fd` shows `socket:[inode]`); 0 for a TCP socket that
-    /// no longer has one (TIME_WAIT, a request socket).
+    /// The socket's inode (`ls -l /proc/PID/fd` shows `socket:[inode]`); 0 for a socket no process
+    /// has a file for — TIME_WAIT, a request socket, or a connection still in its listener's accept
+    /// queue (which does hold memory).
     pub inode: u32,
+    /// `idiag_cookie`: the kernel's unique id of the socket, set on every message about it (an SCTP
+    /// socket's endpoint and its associations alike), inode or not.
+    pub cookie: u64,
     pub uid: u32,
     /// An SCTP association (the message carries the peers' addresses), not an endpoint.
     pub association: bool,
@@ -197,6 +201,8 @@ pub struct Entry {
 /// One socket, its messages folded together (see [`Dump::sockets`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Socket {
+    pub cookie: u64,
+    /// 0 while the connection waits in its listener's accept queue.
     pub inode: u32,
     /// The state of its first message (for SCTP, the endpoint's socket state).
     pub state: u8,
@@ -384,6 +390,7 @@ fn entry(r: &InetResponse) -> std::result::Result<Entry, String> {
         local: addr(id.source_address, id.source_port),
         remote: addr(id.destination_address, id.destination_port),
         inode: h.inode,
+        cookie: u64::from_ne_bytes(id.cookie),
         uid: h.uid,
         association,
         skmem,
@@ -391,21 +398,20 @@ fn entry(r: &InetResponse) -> std::result::Result<Entry, String> {
 }
 
 impl Dump {
-    /// One [`Socket`] per inode, in the order first seen: an SCTP socket's endpoint and association
-    /// messages folded together, TCP sockets as they are. Messages without memory (inode 0, no
-    /// INET_DIAG_SKMEMINFO) are left out.
+    /// One [`Socket`] per cookie, in the order first seen: an SCTP socket's endpoint and association
+    /// messages folded together, TCP sockets as they are. Messages without memory (TIME_WAIT and
+    /// request sockets: no INET_DIAG_SKMEMINFO) are left out; a connection not yet accepted is
+    /// kept, with inode 0.
     pub fn sockets(&self) -> Vec<Socket> {
         let mut out: Vec<Socket> = Vec::new();
-        let mut at: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut at: BTreeMap<u64, usize> = BTreeMap::new();
         for e in &self.entries {
             let Some(skmem) = e.skmem else { continue };
-            if e.inode == 0 {
-                continue;
-            }
-            match at.get(&e.inode) {
+            match at.get(&e.cookie) {
                 None => {
-                    at.insert(e.inode, out.len());
+                    at.insert(e.cookie, out.len());
                     out.push(Socket {
+                        cookie: e.cookie,
                         inode: e.inode,
                         state: e.state,
                         local: e.local,

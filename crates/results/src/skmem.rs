@@ -67,7 +67,10 @@ pub struct SocketStat {
     pub state: String,
     pub local: String,
     pub remote: String,
+    /// 0 while the connection waited in the listener's accept queue.
     pub inode: u32,
+    /// The kernel's socket cookie: what tells sockets apart (an unaccepted one has no inode yet).
+    pub cookie: u64,
     /// SCTP associations on it when last seen (0 for TCP).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub associations: u32,
@@ -150,9 +153,9 @@ pub const MAX_LISTED: usize = 2 * 4096 + 16;
 #[derive(Debug)]
 pub struct Builder {
     rec: SockMem,
-    /// inode → index in `rec.sockets`, and the running sums for its mean.
-    seen: BTreeMap<u32, (usize, Fields<i64>)>,
-    unlisted: BTreeMap<u32, ()>,
+    /// cookie → index in `rec.sockets`, and the running sums for its mean.
+    seen: BTreeMap<u64, (usize, Fields<i64>)>,
+    unlisted: BTreeMap<u64, ()>,
     sum_total: [i64; 9],
 }
 
@@ -169,27 +172,30 @@ impl Builder {
         for (role, s) in sockets {
             let v = Fields::of(&s.skmem);
             sum = Fields::from_fn(|i| sum.get(i) + v.get(i));
-            if let Some((i, total)) = self.seen.get_mut(&s.inode) {
+            if let Some((i, total)) = self.seen.get_mut(&s.cookie) {
                 let st = &mut self.rec.sockets[*i];
                 st.samples += 1;
+                // Accepted since the last sample: it has a file now.
+                st.inode = s.inode;
                 st.max = Fields::from_fn(|k| st.max.get(k).max(v.get(k)));
                 *total = Fields::from_fn(|k| total.get(k) + v.get(k));
                 st.associations = s.associations;
             } else if self.rec.sockets.len() < MAX_LISTED {
-                self.seen.insert(s.inode, (self.rec.sockets.len(), v));
+                self.seen.insert(s.cookie, (self.rec.sockets.len(), v));
                 self.rec.sockets.push(SocketStat {
                     role: *role,
                     state: sock_diag::state_name(proto, false, s.state).into(),
                     local: s.local.to_string(),
                     remote: s.remote.to_string(),
                     inode: s.inode,
+                    cookie: s.cookie,
                     associations: s.associations,
                     samples: 1,
                     max: v,
                     mean: Fields::default(),
                 });
             } else {
-                self.unlisted.insert(s.inode, ());
+                self.unlisted.insert(s.cookie, ());
             }
         }
         for (i, total) in self.sum_total.iter_mut().enumerate() {
@@ -295,9 +301,10 @@ pub fn signed_size(v: i64) -> String {
 mod tests {
     use super::*;
 
-    fn sock(inode: u32, f: i32, r: u32) -> Socket {
+    fn sock(cookie: u64, f: i32, r: u32) -> Socket {
         Socket {
-            inode,
+            cookie,
+            inode: cookie as u32 + 1000,
             state: 1,
             local: "[::1]:40000".parse().unwrap(),
             remote: "[::1]:12866".parse().unwrap(),
@@ -344,7 +351,7 @@ mod tests {
     fn sockets_past_the_listing_limit_are_summed_not_listed() {
         let mut b = Builder::new("tcp", "ipv4", 100);
         let many: Vec<(Role, Socket)> =
-            (1..=(MAX_LISTED as u32 + 5)).map(|i| (Role::Client, sock(i, 1, 0))).collect();
+            (1..=(MAX_LISTED as u64 + 5)).map(|i| (Role::Client, sock(i, 1, 0))).collect();
         b.add(0.1, &many, None);
         let m = b.finish();
         assert_eq!(

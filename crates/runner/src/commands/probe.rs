@@ -310,7 +310,7 @@ fn sockets(args: &ProbeArgs, proto: SocketsProto) -> Result<Exit> {
             );
         }
         let socks = dump.sockets();
-        without_memory += dump.entries.iter().filter(|e| e.skmem.is_none() || e.inode == 0).count();
+        without_memory += dump.entries.iter().filter(|e| e.skmem.is_none()).count();
         families.insert(family.key(), socks.len());
         all.extend(socks.into_iter().map(|s| (family, s)));
     }
