@@ -16,7 +16,7 @@ use fraglab_probe::sockstat::SockStat;
 use fraglab_results::skmem::{Builder, Role, SockMem};
 
 /// How often a window is sampled: often enough to see a socket's forward allocation move with its
-/// traffic, and a dump of 512 loopback sockets costs about a millisecond (docs/workloads.md).
+/// traffic, and a dump of 512 loopback sockets costs about a millisecond (docs/benchmarks.md).
 const INTERVAL: Duration = Duration::from_millis(250);
 /// A shorter window still gets about ten samples, but no more often than this.
 const MIN_INTERVAL: Duration = Duration::from_millis(20);
