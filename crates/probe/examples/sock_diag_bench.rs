@@ -8,7 +8,7 @@ use std::net::{Ipv6Addr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use fraglab_probe::sock_diag::{self, Family, Proto};
+use fraglab_probe::sock_diag::{self, Family, Proto, States};
 
 fn main() {
     let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>().expect("a number"));
@@ -21,7 +21,7 @@ fn main() {
         let c = TcpStream::connect(addr).unwrap();
         held.push((c, listener.accept().unwrap().0));
     }
-    let sockets = sock_diag::read(Proto::Tcp, Family::V6).unwrap().sockets().len();
+    let sockets = sock_diag::read(Proto::Tcp, Family::V6, States::Full).unwrap().sockets().len();
     let cpu = || {
         // SAFETY: getrusage fills the plain struct it is given.
         let u = unsafe {
@@ -34,7 +34,7 @@ fn main() {
     };
     let (t0, c0) = (Instant::now(), cpu());
     for _ in 0..k {
-        let d = sock_diag::read(Proto::Tcp, Family::V6).unwrap();
+        let d = sock_diag::read(Proto::Tcp, Family::V6, States::Full).unwrap();
         assert!(d.sockets().len() >= 2 * n);
     }
     let (wall, cpu_us) = (t0.elapsed().as_secs_f64() * 1e6 / k as f64, (cpu() - c0) / k as f64);

@@ -8,13 +8,13 @@
 //!
 //! # What the kernel reports per socket
 //! `sk_get_meminfo()` (TCP, through inet_diag) and `inet_sctp_diag_fill()` (SCTP) fill the same nine
-//! numbers, all bytes but `bl` and `d`:
+//! numbers, all bytes but `d` (a count of packets):
 //!
 //! | field | kernel | what |
 //! |---|---|---|
 //! | r | sk_rmem_alloc | received data queued, skb truesize |
 //! | rb | sk_rcvbuf | receive buffer limit (SO_RCVBUF × 2, or autotuned) |
-//! | t | sk_wmem_alloc | sent data still in flight below the socket (qdisc, driver, loopback) |
+//! | t | sk_wmem_alloc | sent skbs still below the socket (qdisc, driver, loopback) — TCP's are clones of what `w` holds; SCTP counts a chunk here and in `w` until it is acknowledged |
 //! | tb | sk_sndbuf | send buffer limit |
 //! | f | sk_forward_alloc | memory charged to the protocol's pool but not yet used by this socket |
 //! | w | sk_wmem_queued | the write queue: data sent by the application, not yet acknowledged |
@@ -24,13 +24,14 @@
 //!
 //! `f` is what seed 004 is about: before Linux 6.0 a TCP socket kept up to 2 MiB of such reserve
 //! (`SK_RECLAIM_THRESHOLD`) "to be efficient"; since Eric Dumazet's series "net: reduce
-//! tcp_memory_allocated inflation" (6.0) the reserve lives per CPU (`per_cpu_fw_alloc`, 1 MiB) and a
-//! socket's `f` holds only the remainder of a page.
+//! tcp_memory_allocated inflation" (6.0) the cushion is per CPU instead — each CPU batches its
+//! changes to the protocol's counter (`per_cpu_fw_alloc`, up to 1 MiB) — and a socket's `f` holds
+//! only the remainder of a page.
 //!
 //! # SCTP
 //! sctp_diag (a module of its own, `sctp_diag.ko`) answers with one message per endpoint and one per
-//! association. A socket that has associations is sent first as its endpoint, then once per
-//! association; a socket may also be sent again by the listener pass. [`Dump::sockets`] folds these
+//! association. The listener pass sends every endpoint; then the association pass sends a socket
+//! that has associations again, as its endpoint and then once per association. [`Dump::sockets`] folds these
 //! into one [`Socket`] per socket cookie (the kernel's unique id of a socket): the memory of its first message (the socket's own, where an
 //! association's message may carry that association's share in `t` and `r`), the addresses of its
 //! first association. An association's `state` is SCTP's own (`SCTP_STATE_ESTABLISHED` = 3), an
@@ -48,18 +49,20 @@ use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, InetResponse, 
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket as NetlinkSocket, SocketAddr as NetlinkAddr};
 use serde::{Deserialize, Serialize};
+use std::os::fd::AsRawFd;
 
 use crate::error::{Error, Result};
 
 /// `INET_DIAG_PEERS` (13; `INET_DIAG_LOCALS`, 12, is on endpoints too): an SCTP association's peer
 /// addresses, which only association messages carry.
 const INET_DIAG_PEERS: u16 = 13;
-/// A dump reply's datagrams are at most 32 KiB (netlink_dump's skb, `NLMSG_GOODSIZE` or larger on
-/// big pages); 64 KiB leaves room, and a truncated read is refused rather than half-parsed.
-const RECV_BUF: usize = 64 << 10;
-/// The most datagrams one dump may take: 16 384 × 32 KiB = 512 MiB of replies, some 2 million
-/// sockets — far past any machine fraglab runs on. It bounds the loop if a kernel never says DONE.
-const MAX_DATAGRAMS: usize = 16 << 10;
+/// The most datagrams one dump may take: 1 M of about a page each, some 20 million sockets — far
+/// past any machine fraglab runs on. With [`REPLY_TIMEOUT`] it bounds the loop if a kernel never
+/// says DONE.
+const MAX_DATAGRAMS: usize = 1 << 20;
+/// Longest one reply may take to come (SO_RCVTIMEO): a dump of a million sockets comes in well
+/// under a second; past this the dump fails with EAGAIN instead of hanging its caller.
+const REPLY_TIMEOUT: libc::timeval = libc::timeval { tv_sec: 5, tv_usec: 0 };
 
 /// A protocol sock_diag can dump with inet_diag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -160,12 +163,13 @@ impl SkMem {
         ]
     }
 
-    /// Bytes the socket has charged to its protocol: received (`r`), queued to send (`w`), in flight
-    /// below it (`t`), and charged but unused (`f`, negative when it uses more than it charged). `ss`
-    /// prints no such sum; summed over sockets it is what the protocol's `mem` in sockstat counts (in
-    /// pages, with rounding and per-CPU reserves).
+    /// Bytes the socket has charged to its protocol: received (`r`), queued to send (`w`), and
+    /// charged but unused (`f`, negative when it uses more than it charged). Not `t`: what is below
+    /// the socket is the same data `w` still holds (a TCP clone, an unacknowledged SCTP chunk). `ss`
+    /// prints no such sum; summed over sockets it is what the protocol's `memory_allocated` counts,
+    /// in pages, give or take what each CPU has not yet added to it (up to 1 MiB a CPU either way).
     pub fn held(&self) -> i64 {
-        self.fields().iter().filter(|(k, _)| ["r", "w", "t", "f"].contains(k)).map(|(_, v)| v).sum()
+        self.fields().iter().filter(|(k, _)| ["r", "w", "f"].contains(k)).map(|(_, v)| v).sum()
     }
 }
 
@@ -229,14 +233,42 @@ fn source(proto: Proto, family: Family) -> String {
     format!("netlink sock_diag ({}, {})", proto.name(), family.name())
 }
 
-/// Dump every `proto` socket of `family` in this network namespace, with their memory.
+/// Which sockets a dump asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum States {
+    /// Every state: what `ss -a` lists, TIME-WAIT and request sockets (no memory) included.
+    All,
+    /// Full sockets only — not TIME-WAIT, SYN-RECV and NEW-SYN-RECV, which carry no memory and of
+    /// which a long tcp-crr leaves hundreds of thousands: the workloads' sampler asks for these.
+    Full,
+}
+
+/// Dump the `states` `proto` sockets of `family` in this network namespace, with their memory.
 ///
 /// A kernel without the protocol's diag handler (`tcp_diag`, `sctp_diag` not built or not loaded,
 /// and no modprobe to load it) answers ENOENT; that comes back as an I/O error naming the dump.
-pub fn read(proto: Proto, family: Family) -> Result<Dump> {
+///
+/// Each reply is read into a buffer of exactly its size, after a peek: netlink sizes the skbs of
+/// the rest of a dump to the largest read the socket has seen (up to 32 KiB, an order-3 page
+/// allocation), so a big buffer would make every later dump ask the page allocator for order-3
+/// blocks — on the very machine fraglab keeps without them. Read this way they stay one page.
+pub fn read(proto: Proto, family: Family, states: States) -> Result<Dump> {
     let what = source(proto, family);
     let io = |e: std::io::Error| Error::Io { path: what.clone().into(), source: e };
     let mut sock = NetlinkSocket::new(NETLINK_SOCK_DIAG).map_err(io)?;
+    // SAFETY: a plain setsockopt on the socket this function owns, with a timeval it reads.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&REPLY_TIMEOUT as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io(std::io::Error::last_os_error()));
+    }
     sock.bind_auto().map_err(io)?;
     sock.connect(&NetlinkAddr::new(0, 0)).map_err(io)?;
 
@@ -250,7 +282,10 @@ pub fn read(proto: Proto, family: Family) -> Result<Dump> {
         family: family.number(),
         protocol: proto.number(),
         extensions: ExtensionFlags::SKMEMINFO,
-        states: StateFlags::all(),
+        states: match states {
+            States::All => StateFlags::all(),
+            States::Full => StateFlags::all() - StateFlags::TIME_WAIT - StateFlags::SYN_RECV - new_syn_recv(),
+        },
         socket_id,
     });
     let mut packet = NetlinkMessage::new(header, request.into());
@@ -260,24 +295,35 @@ pub fn read(proto: Proto, family: Family) -> Result<Dump> {
     sock.send(&out, 0).map_err(io)?;
 
     let mut raw = Vec::new();
-    let mut buf = vec![0u8; RECV_BUF];
-    for _ in 0..MAX_DATAGRAMS {
-        // MSG_TRUNC makes recv return the datagram's real length, so a short buffer shows.
-        let n = sock.recv(&mut &mut buf[..], libc::MSG_TRUNC).map_err(io)?;
-        if n > buf.len() {
-            return Err(io(std::io::Error::other(format!(
-                "a reply of {n} bytes does not fit the {} byte buffer",
-                buf.len()
-            ))));
+    let mut buf = Vec::new();
+    let timed_out = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock => {
+            io(std::io::Error::other(format!("no reply within {} s (SO_RCVTIMEO)", REPLY_TIMEOUT.tv_sec)))
         }
-        raw.extend_from_slice(&buf[..n]);
-        match last_message_type(&buf[..n]) {
+        _ => io(e),
+    };
+    for _ in 0..MAX_DATAGRAMS {
+        // A zero-length peek with MSG_TRUNC returns the datagram's real length and leaves netlink's
+        // idea of our read size alone.
+        let n = sock.recv(&mut &mut buf[..0], libc::MSG_PEEK | libc::MSG_TRUNC).map_err(timed_out)?;
+        buf.resize(n, 0);
+        let got = sock.recv(&mut &mut buf[..], libc::MSG_TRUNC).map_err(timed_out)?;
+        if got != n {
+            return Err(io(std::io::Error::other(format!("a reply peeked at {n} bytes came as {got}"))));
+        }
+        raw.extend_from_slice(&buf);
+        match last_message_type(&buf) {
             Some(Last::Done) => return parse_dump(proto, family, raw, &what),
             Some(Last::Error(code)) => return Err(io(std::io::Error::from_raw_os_error(code))),
             _ => {}
         }
     }
     Err(io(std::io::Error::other(format!("no end of dump after {MAX_DATAGRAMS} replies"))))
+}
+
+/// `TCPF_NEW_SYN_RECV` (state 12), which the crate's StateFlags does not name.
+fn new_syn_recv() -> StateFlags {
+    StateFlags::from_bits_retain(1 << 12)
 }
 
 enum Last {
@@ -335,11 +381,9 @@ fn parse_dump(proto: Proto, family: Family, raw: Vec<u8>, path: &str) -> Result<
             return Err(Error::parse(path, n, &at, format!("message length {len} is below a header")));
         }
         match msg.payload {
-            NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
-                entries.push(entry(&r).map_err(|why| Error::parse(path, n, &at, why))?)
-            }
+            NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => entries.push(entry(&r)),
             NetlinkPayload::Done(d) if d.code != 0 => {
-                let e = std::io::Error::from_raw_os_error(-d.code);
+                let e = std::io::Error::from_raw_os_error(d.code.saturating_neg());
                 return Err(Error::parse(path, n, &at, format!("the dump ended with {e}")));
             }
             NetlinkPayload::Done(_) => {
@@ -359,7 +403,7 @@ fn parse_dump(proto: Proto, family: Family, raw: Vec<u8>, path: &str) -> Result<
     Ok(Dump { proto, family, entries, raw })
 }
 
-fn entry(r: &InetResponse) -> std::result::Result<Entry, String> {
+fn entry(r: &InetResponse) -> Entry {
     let h = &r.header;
     let id = &h.socket_id;
     let mut skmem = None;
@@ -385,7 +429,7 @@ fn entry(r: &InetResponse) -> std::result::Result<Entry, String> {
         }
     }
     let addr = |ip: IpAddr, port: u16| SocketAddr::new(ip, port);
-    Ok(Entry {
+    Entry {
         state: h.state,
         local: addr(id.source_address, id.source_port),
         remote: addr(id.destination_address, id.destination_port),
@@ -394,7 +438,7 @@ fn entry(r: &InetResponse) -> std::result::Result<Entry, String> {
         uid: h.uid,
         association,
         skmem,
-    })
+    }
 }
 
 impl Dump {
@@ -436,7 +480,7 @@ impl Dump {
 
 /// A state number as `ss` names it, for the protocol and the kind of message it came from.
 pub fn state_name(proto: Proto, association: bool, state: u8) -> &'static str {
-    const TCP: [&str; 13] = [
+    const TCP: [&str; 14] = [
         "UNKNOWN",
         "ESTAB",
         "SYN-SENT",
@@ -450,6 +494,7 @@ pub fn state_name(proto: Proto, association: bool, state: u8) -> &'static str {
         "LISTEN",
         "CLOSING",
         "NEW-SYN-RECV",
+        "BOUND-INACTIVE",
     ];
     // enum sctp_state (include/net/sctp/constants.h); endpoints use the TCP numbers above.
     const SCTP: [&str; 8] = [

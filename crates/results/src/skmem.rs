@@ -43,9 +43,9 @@ impl Fields<i64> {
         Fields::from_fn(|i| v[i].1)
     }
 
-    /// Bytes charged: `r + w + t + f` (as [`SkMem::held`]).
+    /// Bytes charged: `r + w + f` (as [`SkMem::held`]).
     pub fn held(&self) -> i64 {
-        self.r + self.w + self.t + self.f
+        self.r + self.w + self.f
     }
 }
 
@@ -91,8 +91,8 @@ pub struct Sample {
     pub sockets: u64,
     pub sum: Fields<i64>,
     /// The protocol's memory_allocated at the same moment, bytes (sockstat `TCP: mem`, or the SCTP
-    /// row of /proc/net/protocols, × page size): every socket of the protocol on the machine, and
-    /// the per-CPU reserves, not only these.
+    /// row of /proc/net/protocols, × page size): every socket of the protocol on the machine, not
+    /// only these, and give or take what each CPU has not yet added to it (up to 1 MiB a CPU).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proto_mem_bytes: Option<u64>,
 }
@@ -104,13 +104,13 @@ pub struct Summary {
     pub sockets: u64,
     /// Mean over sockets of each socket's mean: what one socket typically held.
     pub per_socket_mean: Fields<f64>,
-    /// The largest any one socket held at a sample.
+    /// The largest any one socket held at a sample (over every socket seen, listed or not).
     pub per_socket_max: Fields<i64>,
     /// The largest sum over the sockets at a sample (each field's own peak).
     pub sum_max: Fields<i64>,
     /// The sum over the sockets, averaged over the samples.
     pub sum_mean: Fields<f64>,
-    /// The largest [`Sample::held`] sum — r + w + t + f over the sockets at one sample.
+    /// The largest charged sum — r + w + f over the sockets at one sample (`t` is data `w` holds).
     pub held_max: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proto_mem_max_bytes: Option<u64>,
@@ -149,20 +149,29 @@ fn is_zero_u64(n: &u64) -> bool {
 /// tcp-crr run opens a connection per transaction; past this they are summed, not listed.
 pub const MAX_LISTED: usize = 2 * 4096 + 16;
 
+/// One socket's running figures, listed or not: the per-socket statistics cover every socket.
+#[derive(Debug)]
+struct Acc {
+    samples: u64,
+    max: Fields<i64>,
+    total: Fields<i64>,
+    /// Its place in `SockMem::sockets`, when listed.
+    listed: Option<usize>,
+}
+
 /// Builds a [`SockMem`] sample by sample.
 #[derive(Debug)]
 pub struct Builder {
     rec: SockMem,
-    /// cookie → index in `rec.sockets`, and the running sums for its mean.
-    seen: BTreeMap<u64, (usize, Fields<i64>)>,
-    unlisted: BTreeMap<u64, ()>,
+    /// By socket cookie, every socket seen.
+    seen: BTreeMap<u64, Acc>,
     sum_total: [i64; 9],
 }
 
 impl Builder {
     pub fn new(proto: &str, family: &str, interval_ms: u64) -> Builder {
         let rec = SockMem { proto: proto.into(), family: family.into(), interval_ms, ..Default::default() };
-        Builder { rec, seen: BTreeMap::new(), unlisted: BTreeMap::new(), sum_total: [0; 9] }
+        Builder { rec, seen: BTreeMap::new(), sum_total: [0; 9] }
     }
 
     /// One dump's worth: the workload's sockets with their roles, at `t_s` into the window.
@@ -172,30 +181,35 @@ impl Builder {
         for (role, s) in sockets {
             let v = Fields::of(&s.skmem);
             sum = Fields::from_fn(|i| sum.get(i) + v.get(i));
-            if let Some((i, total)) = self.seen.get_mut(&s.cookie) {
-                let st = &mut self.rec.sockets[*i];
-                st.samples += 1;
-                // Accepted since the last sample: it has a file now.
-                st.inode = s.inode;
-                st.max = Fields::from_fn(|k| st.max.get(k).max(v.get(k)));
-                *total = Fields::from_fn(|k| total.get(k) + v.get(k));
-                st.associations = s.associations;
-            } else if self.rec.sockets.len() < MAX_LISTED {
-                self.seen.insert(s.cookie, (self.rec.sockets.len(), v));
-                self.rec.sockets.push(SocketStat {
-                    role: *role,
-                    state: sock_diag::state_name(proto, false, s.state).into(),
-                    local: s.local.to_string(),
-                    remote: s.remote.to_string(),
-                    inode: s.inode,
-                    cookie: s.cookie,
-                    associations: s.associations,
-                    samples: 1,
-                    max: v,
-                    mean: Fields::default(),
-                });
-            } else {
-                self.unlisted.insert(s.cookie, ());
+            match self.seen.get_mut(&s.cookie) {
+                Some(a) => {
+                    a.samples += 1;
+                    a.max = Fields::from_fn(|k| a.max.get(k).max(v.get(k)));
+                    a.total = Fields::from_fn(|k| a.total.get(k) + v.get(k));
+                    if let Some(st) = a.listed.map(|i| &mut self.rec.sockets[i]) {
+                        // Accepted since the last sample: it has a file now.
+                        st.inode = s.inode;
+                        st.associations = s.associations;
+                    }
+                }
+                None => {
+                    let listed = (self.rec.sockets.len() < MAX_LISTED).then(|| {
+                        self.rec.sockets.push(SocketStat {
+                            role: *role,
+                            state: sock_diag::state_name(proto, false, s.state).into(),
+                            local: s.local.to_string(),
+                            remote: s.remote.to_string(),
+                            inode: s.inode,
+                            cookie: s.cookie,
+                            associations: s.associations,
+                            samples: 0,
+                            max: v,
+                            mean: Fields::default(),
+                        });
+                        self.rec.sockets.len() - 1
+                    });
+                    self.seen.insert(s.cookie, Acc { samples: 1, max: v, total: v, listed });
+                }
             }
         }
         for (i, total) in self.sum_total.iter_mut().enumerate() {
@@ -220,25 +234,31 @@ impl Builder {
     }
 
     pub fn finish(mut self) -> SockMem {
-        let n = self.rec.sockets.len();
+        let n = self.seen.len();
         let mut mean_sum = [0f64; 9];
-        for &(i, total) in self.seen.values() {
-            let s = &mut self.rec.sockets[i];
-            s.mean = Fields::from_fn(|k| total.get(k) as f64 / s.samples as f64);
+        let mut max: Option<Fields<i64>> = None;
+        for a in self.seen.values() {
+            let mean = Fields::from_fn(|k| a.total.get(k) as f64 / a.samples as f64);
             for (k, acc) in mean_sum.iter_mut().enumerate() {
-                *acc += s.mean.get(k);
+                *acc += mean.get(k);
+            }
+            max = Some(match max {
+                None => a.max,
+                Some(m) => Fields::from_fn(|k| m.get(k).max(a.max.get(k))),
+            });
+            if let Some(st) = a.listed.map(|i| &mut self.rec.sockets[i]) {
+                (st.samples, st.max, st.mean) = (a.samples, a.max, mean);
             }
         }
         let m = &mut self.rec.summary;
-        m.sockets = (n + self.unlisted.len()) as u64;
+        m.sockets = n as u64;
         if n > 0 {
             m.per_socket_mean = Fields::from_fn(|k| mean_sum[k] / n as f64);
         }
-        m.per_socket_max =
-            Fields::from_fn(|k| self.rec.sockets.iter().map(|s| s.max.get(k)).max().unwrap_or(0));
+        m.per_socket_max = max.unwrap_or_default();
         let samples = self.rec.samples.max(1) as f64;
         m.sum_mean = Fields::from_fn(|k| self.sum_total[k] as f64 / samples);
-        self.rec.not_listed = self.unlisted.len() as u64;
+        self.rec.not_listed = (n - self.rec.sockets.len()) as u64;
         self.rec
     }
 }
@@ -268,7 +288,7 @@ impl SockMem {
             kib(s.per_socket_mean.r),
         )];
         let mut line = format!(
-            "sum over sockets: held (r+w+t+f) max {}, f max {}",
+            "sum over sockets: held (r+w+f) max {}, f max {}",
             signed_size(s.held_max),
             signed_size(s.sum_max.f)
         );
@@ -336,6 +356,7 @@ mod tests {
         assert_eq!(sum.sum_max.f, 4608);
         assert_eq!(sum.sum_mean.f, (4608.0 + 0.0) / 2.0);
         assert_eq!(sum.held_max, 4608 + 1000);
+        // Each socket's own figures, and the summary's, cover every socket seen.
         assert_eq!(sum.proto_mem_max_bytes, Some(8192));
         let lines = m.summary_lines();
         assert!(
@@ -348,17 +369,22 @@ mod tests {
     }
 
     #[test]
-    fn sockets_past_the_listing_limit_are_summed_not_listed() {
+    fn sockets_past_the_listing_limit_are_counted_not_listed() {
         let mut b = Builder::new("tcp", "ipv4", 100);
-        let many: Vec<(Role, Socket)> =
+        let mut many: Vec<(Role, Socket)> =
             (1..=(MAX_LISTED as u64 + 5)).map(|i| (Role::Client, sock(i, 1, 0))).collect();
+        // The last, unlisted socket holds the most: the per-socket figures still see it.
+        many.last_mut().unwrap().1.skmem.f = 9000;
         b.add(0.1, &many, None);
         let m = b.finish();
+        assert_eq!(m.summary.per_socket_max.f, 9000);
+        let n = MAX_LISTED as f64 + 5.0;
+        assert!((m.summary.per_socket_mean.f - (n - 1.0 + 9000.0) / n).abs() < 1e-9);
         assert_eq!(
             (m.sockets.len(), m.not_listed, m.summary.sockets),
             (MAX_LISTED, 5, MAX_LISTED as u64 + 5)
         );
-        assert_eq!(m.series[0].sum.f, MAX_LISTED as i64 + 5);
+        assert_eq!(m.series[0].sum.f, MAX_LISTED as i64 + 4 + 9000);
     }
 
     /// SCTP charges received chunks before it schedules memory: a forward allocation below zero is

@@ -129,7 +129,7 @@ pub struct ProbeArgs {
     /// Instead of a snapshot: every socket of this protocol (IPv4 and IPv6) with its memory, as
     /// `ss -tm` shows it — summed, beside the protocol's memory_allocated, and the top sockets by
     /// forward allocation (`f`).
-    #[arg(long, value_enum, value_name = "PROTO", conflicts_with_all = ["watch", "monitors"])]
+    #[arg(long, value_enum, value_name = "PROTO", conflicts_with_all = ["watch", "monitors", "duration", "output"])]
     pub sockets: Option<SocketsProto>,
     /// With --sockets: how many sockets to list, largest forward allocation first.
     #[arg(long, value_name = "N", default_value_t = 10, requires = "sockets")]

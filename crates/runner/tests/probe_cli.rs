@@ -432,3 +432,55 @@ fn bad_input_messages_quote_the_value() {
     refused("zero-value", &["--watch", "0s", "--duration", "1s", "--output", "OUT"], &["--watch", "0s"]);
     refused("nowatch-value", &["--duration", "3s", "--output", "OUT"], &["--duration", "3s"]);
 }
+
+/// `fraglab probe --sockets`: a connection this test holds, with bytes its server has not read, is
+/// in the view with its memory; the sums are the sockets'; the raw replies saved by `--dump-to`
+/// parse to the same sockets; SCTP on a kernel without it (this host) is "could not test".
+#[test]
+fn the_sockets_view_shows_a_held_connection() {
+    use std::io::Write;
+    let sc = Scratch::new("sockets");
+    let listener = std::net::TcpListener::bind("[::1]:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut client = std::net::TcpStream::connect(addr).unwrap();
+    let (_server, _) = listener.accept().unwrap();
+    client.write_all(&[9u8; 7000]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let dump = sc.path("dump");
+    let out =
+        sc.probe(&["--sockets", "tcp", "--top", "100000", "--json", "--dump-to", dump.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let top = v["top"].as_array().unwrap();
+    let total = v["sockets"]["ipv4"].as_u64().unwrap() + v["sockets"]["ipv6"].as_u64().unwrap();
+    assert_eq!(top.len() as u64, total, "--top above the count lists every socket");
+    let ours =
+        top.iter().find(|s| s["local"] == addr.to_string() && s["state"] == "ESTAB").expect("the server end");
+    assert!(ours["skmem"]["r"].as_i64().unwrap() >= 7000, "{ours}");
+    assert_eq!(ours["family"], "ipv6");
+    for k in ["r", "rb", "t", "tb", "f", "w", "o", "bl", "d"] {
+        let sum: i64 = top.iter().map(|s| s["skmem"][k].as_i64().unwrap()).sum();
+        assert_eq!(v["sum"][k].as_i64(), Some(sum), "sum of {k}");
+    }
+    // Largest forward allocation first.
+    let f: Vec<i64> = top.iter().map(|s| s["skmem"]["f"].as_i64().unwrap()).collect();
+    assert!(f.windows(2).all(|w| w[0] >= w[1]), "{f:?}");
+    let raw = std::fs::read(sc.path("dump.ipv6")).unwrap();
+    use fraglab_probe::sock_diag::{self, Family, Proto};
+    let d = sock_diag::parse(Proto::Tcp, Family::V6, &raw, "dump.ipv6").unwrap();
+    assert!(d.sockets().iter().any(|s| s.local == addr && s.skmem.r >= 7000));
+
+    let sctp = sc.probe(&["--sockets", "sctp"]);
+    // SAFETY: a plain socket() call; the fd is closed at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
+    if fd >= 0 {
+        // SAFETY: closing the fd just opened.
+        unsafe { libc::close(fd) };
+    }
+    let err = String::from_utf8_lossy(&sctp.stderr);
+    match sctp.status.code() {
+        Some(0) => assert!(fd >= 0, "an SCTP view on a kernel without SCTP"),
+        Some(125) => assert!(err.contains("no sctp_diag") && err.contains("modprobe sctp_diag"), "{err}"),
+        other => panic!("--sockets sctp exited {other:?}: {err}"),
+    }
+}

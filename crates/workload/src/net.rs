@@ -345,16 +345,13 @@ pub(super) fn drive<X: Send>(
         }
         run.gate.open_when(handles.len());
         let window_over = &run.stop;
-        let sampler = watch.and_then(|w| {
+        // A sampler that cannot start leaves the window unsampled, saying why; it is not one of the
+        // workload's failed operations.
+        let sampler = watch.map(|w| {
             let b = std::thread::Builder::new().name("fraglab-skmem".into()).stack_size(WORKER_STACK);
             let interval = Watch::interval(duration);
-            match b.spawn_scoped(scope, move || w.run(interval, window_over)) {
-                Ok(h) => Some(h),
-                Err(e) => {
-                    errors.record(&e);
-                    None
-                }
-            }
+            b.spawn_scoped(scope, move || w.run(interval, window_over))
+                .map_err(|e| Box::new(crate::skmem::unsampled(&w, &e)))
         });
         let cpu0 = CpuSample::now().ok();
         let ru0 = Rusage::now();
@@ -365,7 +362,10 @@ pub(super) fn drive<X: Send>(
         let wall = start.elapsed();
         let rusage = Rusage::now().since(&ru0);
         let cpu = cpu0.zip(CpuSample::now().ok());
-        let skmem = sampler.map(|h| h.join().expect("the socket memory sampler panicked"));
+        let skmem = sampler.map(|h| match h {
+            Ok(h) => h.join().expect("the socket memory sampler panicked"),
+            Err(unsampled) => *unsampled,
+        });
         Driven { workers, skmem, cpu, rusage, wall, stopped, errors }
     })
 }

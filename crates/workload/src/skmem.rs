@@ -2,16 +2,20 @@
 //! through sock_diag (what `ss -tm` reads) every interval of the window, keeps those whose one end is
 //! the workload's server, and builds the result's `skmem` record from them.
 //!
-//! Which sockets are the workload's: those whose remote end is the server (the clients), and with
-//! an in-process server those whose local end is it (what it accepted, or for SCTP one-to-many its
-//! one socket) — listeners without a connection are left out, they hold nothing. A `--peer` run
-//! sees its clients only; the server's sockets are on the other host.
+//! Which sockets are the workload's: those whose remote end is the server and which this process
+//! has a file for (the clients: a closed one lingering in FIN-WAIT belongs to no one now), and with
+//! an in-process server those whose local end is it (what it accepted or has yet to accept, or for
+//! SCTP one-to-many its one socket) — listeners without a connection are left out, they hold
+//! nothing. A `--peer` run sees its clients only, the server's sockets being on the other host; and
+//! since another program here may talk to the same peer, its clients are the sockets among this
+//! process's open files (/proc/self/fd).
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use fraglab_probe::sock_diag::{self, Family, Proto};
+use fraglab_probe::sock_diag::{self, Family, Proto, States};
 use fraglab_probe::sockstat::SockStat;
 use fraglab_results::skmem::{Builder, Role, SockMem};
 
@@ -60,9 +64,10 @@ impl Watch {
                 return b.finish();
             }
             let t_s = start.elapsed().as_secs_f64();
-            match sock_diag::read(self.proto, family) {
+            let own_socket_inodes = if self.in_process { None } else { Some(own_socket_inodes()) };
+            match sock_diag::read(self.proto, family, States::Full) {
                 Ok(dump) => {
-                    let mine = self.mine(dump.sockets());
+                    let mine = self.mine(dump.sockets(), &own_socket_inodes);
                     b.add(t_s, &mine, self.proto_mem_bytes());
                 }
                 Err(e) => b.failed(e.to_string()),
@@ -72,14 +77,23 @@ impl Watch {
         }
     }
 
-    fn mine(&self, sockets: Vec<sock_diag::Socket>) -> Vec<(Role, sock_diag::Socket)> {
+    /// The workload's sockets among `sockets`; `own` (with `--peer`) the inodes of this process's
+    /// sockets.
+    fn mine(
+        &self,
+        sockets: Vec<sock_diag::Socket>,
+        own: &Option<BTreeSet<u32>>,
+    ) -> Vec<(Role, sock_diag::Socket)> {
         sockets
             .into_iter()
             .filter_map(|s| {
-                if s.remote == self.server {
+                if same_end(&s.remote, &self.server)
+                    && s.inode != 0
+                    && own.as_ref().is_none_or(|own| own.contains(&s.inode))
+                {
                     Some((Role::Client, s))
                 } else if self.in_process
-                    && s.local == self.server
+                    && same_end(&s.local, &self.server)
                     && !(s.state == LISTEN && s.associations == 0)
                     && !(self.proto == Proto::Sctp && s.associations == 0)
                 {
@@ -103,6 +117,29 @@ impl Watch {
     }
 }
 
+/// The same address and port; an IPv6 scope id (`fe80::1%eth0`) is not in a dump's addresses, so it
+/// is not compared.
+fn same_end(a: &SocketAddr, b: &SocketAddr) -> bool {
+    a.ip() == b.ip() && a.port() == b.port()
+}
+
+/// The inodes of this process's sockets (`socket:[INODE]` links in /proc/self/fd); empty if it
+/// cannot be read.
+fn own_socket_inodes() -> BTreeSet<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return BTreeSet::new() };
+    dir.flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
+        .collect()
+}
+
 fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
+}
+
+/// The record of a window whose sampler thread could not be started.
+pub(crate) fn unsampled(w: &Watch, why: &std::io::Error) -> SockMem {
+    let mut b = Builder::new(w.proto.name(), Family::of(&w.server).key(), 0);
+    b.failed(format!("the socket memory sampler could not start: {why}"));
+    b.finish()
 }

@@ -13,7 +13,7 @@ use fraglab_probe::snapshot::{Monitor, Sampler, Snapshot};
 use fraglab_probe::zoneinfo::ZoneInfo;
 
 use crate::cli::{ProbeArgs, SocketsProto};
-use fraglab_probe::sock_diag::{self, Family, Proto, SkMem, Socket};
+use fraglab_probe::sock_diag::{self, Family, Proto, SkMem, Socket, States};
 use fraglab_probe::sockstat::SockStat;
 use fraglab_units::{format_size, order_size, parse_duration};
 use std::collections::BTreeMap;
@@ -287,7 +287,7 @@ fn sockets(args: &ProbeArgs, proto: SocketsProto) -> Result<Exit> {
     let mut families = BTreeMap::new();
     let mut without_memory = 0;
     for family in [Family::V4, Family::V6] {
-        let dump = sock_diag::read(proto, family).map_err(|e| match &e {
+        let dump = sock_diag::read(proto, family, States::All).map_err(|e| match &e {
             fraglab_probe::Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT) => {
                 // Could not test (125): the kernel lacks the protocol's diag handler.
                 anyhow::Error::new(fraglab_workload::Unsupported(format!(
@@ -358,13 +358,17 @@ fn sockets(args: &ProbeArgs, proto: SocketsProto) -> Result<Exit> {
         o += &format!(" ({without_memory} more without memory: TIME-WAIT and request sockets)");
     }
     o += "\n";
+    // d counts packets; the rest are bytes.
     let cells: Vec<String> = names
         .iter()
         .zip(sum)
-        .map(|(k, v)| format!("{k} {}", fraglab_results::skmem::signed_size(v)))
+        .map(|(k, v)| match *k {
+            "d" => format!("d {v}"),
+            _ => format!("{k} {}", fraglab_results::skmem::signed_size(v)),
+        })
         .collect();
     o += &format!("  sum       {}\n", cells.join("  "));
-    o += &format!("  charged   r+w+t+f {}", fraglab_results::skmem::signed_size(held));
+    o += &format!("  charged   r+w+f {}", fraglab_results::skmem::signed_size(held));
     match (proto_mem, pages) {
         (Some(b), Some(p)) => {
             o += &format!(
