@@ -316,13 +316,17 @@ fn a_two_axis_sweep_over_a_multi_word_sysctl_keeps_every_point_apart() {
     let sysctls = &workloads["workloads"][1]["sysctls"];
     assert_eq!(sysctls, &serde_json::json!([["net.ipv4.tcp_rmem", "4096 131072 4194304"]]));
 
-    // The summary: one row per point, its label whole.
+    // The summary: one row per point in the workloads' table and one in the socket-memory table,
+    // its label whole.
+    let (table, sockets) = stdout.split_once("\nsocket memory").expect("a socket-memory table");
     for l in labels {
-        assert_eq!(
-            stdout.lines().filter(|line| line.starts_with(&format!("{l} "))).count(),
-            1,
-            "{l}:\n{stdout}"
-        );
+        for part in [table, sockets] {
+            assert_eq!(
+                part.lines().filter(|line| line.starts_with(&format!("{l} "))).count(),
+                1,
+                "{l}:\n{stdout}"
+            );
+        }
     }
     // compare against itself: every metric at four distinct points, labelled whole.
     let out =
