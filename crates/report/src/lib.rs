@@ -1179,8 +1179,19 @@ mod tests {
             .collect();
         assert_eq!(
             ids,
-            ["runs", "buddyinfo", "memory", "compaction", "throughput", "latency", "failures", "leaks"]
+            [
+                "runs",
+                "buddyinfo",
+                "memory",
+                "compaction",
+                "throughput",
+                "latency",
+                "skmem",
+                "failures",
+                "leaks"
+            ]
         );
+        assert!(report.html.contains("No workload in these runs sampled its sockets' memory."));
         assert!(report.html.contains("buddyinfo was not sampled"));
         assert!(report.html.contains("slabinfo was not sampled"));
     }
