@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{read_to_string, Error, Result};
 use crate::meminfo::error_at_end;
+use crate::sock_diag::Proto;
 
 pub const SOCKSTAT_PATH: &str = "/proc/net/sockstat";
 pub const SOCKSTAT6_PATH: &str = "/proc/net/sockstat6";
@@ -152,6 +153,33 @@ impl Protocols {
     pub fn get(&self, protocol: &str) -> Option<&ProtoRow> {
         self.rows.iter().find(|r| r.protocol == protocol)
     }
+
+    /// SCTP sockets and memory pages, IPv4 and IPv6 rows summed; `None` when sctp is not loaded.
+    pub fn sctp(&self) -> Option<(i64, Option<i64>)> {
+        let v4 = self.get("SCTP");
+        let v6 = self.get("SCTPv6");
+        if v4.is_none() && v6.is_none() {
+            return None;
+        }
+        let sockets = v4.map_or(0, |r| r.sockets) + v6.map_or(0, |r| r.sockets);
+        // Both rows show the one sctp_memory_allocated counter: take it once, not twice.
+        let memory = v4.or(v6).and_then(|r| r.memory_pages);
+        Some((sockets, memory))
+    }
+}
+
+/// Pages charged to `proto` (its memory_allocated), read from the one file that has it: sockstat's
+/// `TCP: mem`, or the SCTP row of /proc/net/protocols. `None` when that file cannot be read or
+/// parsed, or sctp is not loaded. What the socket-memory sampler reads beside every dump.
+pub fn memory_allocated_pages(proto: Proto) -> Option<i64> {
+    match proto {
+        Proto::Tcp => {
+            SockStatFile::parse(&read_to_string(SOCKSTAT_PATH).ok()?, SOCKSTAT_PATH).ok()?.get("TCP", "mem")
+        }
+        Proto::Sctp => {
+            Protocols::parse(&read_to_string(PROTOCOLS_PATH).ok()?, PROTOCOLS_PATH).ok()?.sctp()?.1
+        }
+    }
 }
 
 fn parse_protocols_row(line: &str, methods: &[&str]) -> std::result::Result<ProtoRow, String> {
@@ -234,18 +262,9 @@ impl SockStat {
         self.v4.get(label, "mem")
     }
 
-    /// SCTP sockets and memory pages from `/proc/net/protocols`, IPv4 and IPv6 rows summed; `None`
-    /// when protocols was not read or sctp is not loaded.
+    /// SCTP sockets and memory pages from `/proc/net/protocols` ([`Protocols::sctp`]); `None` when
+    /// protocols was not read or sctp is not loaded.
     pub fn sctp(&self) -> Option<(i64, Option<i64>)> {
-        let protocols = self.protocols.as_ref()?;
-        let v4 = protocols.get("SCTP");
-        let v6 = protocols.get("SCTPv6");
-        if v4.is_none() && v6.is_none() {
-            return None;
-        }
-        let sockets = v4.map_or(0, |r| r.sockets) + v6.map_or(0, |r| r.sockets);
-        // Both rows show the one sctp_memory_allocated counter: take it once, not twice.
-        let memory = v4.or(v6).and_then(|r| r.memory_pages);
-        Some((sockets, memory))
+        self.protocols.as_ref()?.sctp()
     }
 }

@@ -544,6 +544,15 @@ fn sweep_table(p: &sweep::Plot, cell: &dyn Fn(&sweep::Stat) -> String) -> String
     o
 }
 
+/// The colour of a series drawn as several lines (one per percentile or statistic): one colour per
+/// `base` (the series without that suffix), in order of first appearance.
+fn colour_of(bases: &mut Vec<String>, base: &str) -> usize {
+    bases.iter().position(|b| b == base).unwrap_or_else(|| {
+        bases.push(base.to_string());
+        bases.len() - 1
+    })
+}
+
 /// Seed 004's plot: what each socket keeps charged but unused, against the sweep.
 fn forward_alloc_section(sides: &[&RunData], letters: &[String]) -> String {
     let mut o = String::from(
@@ -568,16 +577,10 @@ fn forward_alloc_section(sides: &[&RunData], letters: &[String]) -> String {
         let mut bases: Vec<String> = Vec::new();
         for s in &p.series {
             let (di, base) = match sweep::FWD_ALLOC.iter().position(|(l, _)| s.name.ends_with(l)) {
-                Some(i) => (i, s.name.trim_end_matches(sweep::FWD_ALLOC[i].0).trim_end().to_string()),
-                None => (0, s.name.clone()),
+                Some(i) => (i, s.name.trim_end_matches(sweep::FWD_ALLOC[i].0).trim_end()),
+                None => (0, s.name.as_str()),
             };
-            let ci = match bases.iter().position(|b| *b == base) {
-                Some(i) => i,
-                None => {
-                    bases.push(base);
-                    bases.len() - 1
-                }
-            };
+            let ci = colour_of(&mut bases, base);
             let pts: Vec<(f64, f64, String)> = s
                 .points
                 .iter()
@@ -624,13 +627,7 @@ fn latency_section(sides: &[&RunData], letters: &[String]) -> String {
         let mut bases: Vec<String> = Vec::new();
         for s in &p.series {
             let (base, pct) = s.name.rsplit_once(' ').unwrap_or((&s.name, ""));
-            let ci = match bases.iter().position(|b| b == base) {
-                Some(i) => i,
-                None => {
-                    bases.push(base.to_string());
-                    bases.len() - 1
-                }
-            };
+            let ci = colour_of(&mut bases, base);
             let di = sweep::PERCENTILES.iter().position(|(l, _)| *l == pct).unwrap_or(0);
             let pts: Vec<(f64, f64, String)> = s
                 .points

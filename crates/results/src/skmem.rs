@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use fraglab_probe::sock_diag::{self, Proto, SkMem, Socket};
+use fraglab_probe::sock_diag::{self, Family, Proto, SkMem, Socket};
 use fraglab_units::format_size;
 
 /// The nine skmem fields, each a `T`: `i64` for maxima and sums (`f` may be negative), `f64` for
@@ -163,20 +163,25 @@ struct Acc {
 #[derive(Debug)]
 pub struct Builder {
     rec: SockMem,
+    proto: Proto,
     /// By socket cookie, every socket seen.
     seen: BTreeMap<u64, Acc>,
     sum_total: [i64; 9],
 }
 
 impl Builder {
-    pub fn new(proto: &str, family: &str, interval_ms: u64) -> Builder {
-        let rec = SockMem { proto: proto.into(), family: family.into(), interval_ms, ..Default::default() };
-        Builder { rec, seen: BTreeMap::new(), sum_total: [0; 9] }
+    pub fn new(proto: Proto, family: Family, interval_ms: u64) -> Builder {
+        let rec = SockMem {
+            proto: proto.name().into(),
+            family: family.key().into(),
+            interval_ms,
+            ..Default::default()
+        };
+        Builder { rec, proto, seen: BTreeMap::new(), sum_total: [0; 9] }
     }
 
     /// One dump's worth: the workload's sockets with their roles, at `t_s` into the window.
     pub fn add(&mut self, t_s: f64, sockets: &[(Role, Socket)], proto_mem_bytes: Option<u64>) {
-        let proto = if self.rec.proto == "sctp" { Proto::Sctp } else { Proto::Tcp };
         let mut sum = Fields::<i64>::default();
         for (role, s) in sockets {
             let v = Fields::of(&s.skmem);
@@ -196,7 +201,7 @@ impl Builder {
                     let listed = (self.rec.sockets.len() < MAX_LISTED).then(|| {
                         self.rec.sockets.push(SocketStat {
                             role: *role,
-                            state: sock_diag::state_name(proto, false, s.state).into(),
+                            state: sock_diag::state_name(self.proto, false, s.state).into(),
                             local: s.local.to_string(),
                             remote: s.remote.to_string(),
                             inode: s.inode,
@@ -335,7 +340,7 @@ mod tests {
 
     #[test]
     fn per_socket_max_and_mean_and_sums_per_sample() {
-        let mut b = Builder::new("tcp", "ipv6", 250);
+        let mut b = Builder::new(Proto::Tcp, Family::V6, 250);
         b.add(0.25, &[(Role::Client, sock(1, 4096, 0)), (Role::Server, sock(2, 512, 1000))], Some(8192));
         b.add(0.5, &[(Role::Client, sock(1, 0, 0))], Some(4096));
         b.failed("netlink sock_diag (tcp, IPv6): boom".into());
@@ -370,7 +375,7 @@ mod tests {
 
     #[test]
     fn sockets_past_the_listing_limit_are_counted_not_listed() {
-        let mut b = Builder::new("tcp", "ipv4", 100);
+        let mut b = Builder::new(Proto::Tcp, Family::V4, 100);
         let mut many: Vec<(Role, Socket)> =
             (1..=(MAX_LISTED as u64 + 5)).map(|i| (Role::Client, sock(i, 1, 0))).collect();
         // The last, unlisted socket holds the most: the per-socket figures still see it.
@@ -392,7 +397,7 @@ mod tests {
     /// 4 GiB, and the peaks start from the first sample, not from zero.
     #[test]
     fn a_forward_allocation_below_zero_stays_below_zero() {
-        let mut b = Builder::new("sctp", "ipv4", 100);
+        let mut b = Builder::new(Proto::Sctp, Family::V4, 100);
         b.add(0.1, &[(Role::Server, sock(7, -4096, 2000))], None);
         b.add(0.2, &[(Role::Server, sock(7, -8192, 0))], None);
         let m = b.finish();
@@ -404,7 +409,7 @@ mod tests {
 
     #[test]
     fn no_sample_says_why() {
-        let mut b = Builder::new("sctp", "ipv4", 100);
+        let mut b = Builder::new(Proto::Sctp, Family::V4, 100);
         b.failed("netlink sock_diag (sctp, IPv4): No such file or directory (os error 2)".into());
         let m = b.finish();
         assert_eq!(

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use fraglab_probe::sock_diag::{self, Family, Proto, States};
-use fraglab_probe::sockstat::SockStat;
+use fraglab_probe::sockstat;
 use fraglab_results::skmem::{Builder, Role, SockMem};
 
 /// How often a window is sampled: often enough to see a socket's forward allocation move with its
@@ -50,7 +50,7 @@ impl Watch {
     /// ends). A dump that fails is counted and its error kept; the window goes on.
     pub(crate) fn run(&self, interval: Duration, stop: &AtomicBool) -> SockMem {
         let family = Family::of(&self.server);
-        let mut b = Builder::new(self.proto.name(), family.key(), ms(interval));
+        let mut b = Builder::new(self.proto, family, ms(interval));
         let start = Instant::now();
         let mut next = start + interval;
         loop {
@@ -94,8 +94,7 @@ impl Watch {
                     Some((Role::Client, s))
                 } else if self.in_process
                     && same_end(&s.local, &self.server)
-                    && !(s.state == LISTEN && s.associations == 0)
-                    && !(self.proto == Proto::Sctp && s.associations == 0)
+                    && !listener_only(self.proto, &s)
                 {
                     Some((Role::Server, s))
                 } else {
@@ -105,15 +104,19 @@ impl Watch {
             .collect()
     }
 
-    /// The protocol's memory_allocated in bytes: sockstat's `TCP: mem`, the SCTP row of
-    /// /proc/net/protocols.
+    /// The protocol's memory_allocated in bytes.
     fn proto_mem_bytes(&self) -> Option<u64> {
-        let s = SockStat::read().ok()?;
-        let pages = match self.proto {
-            Proto::Tcp => s.mem_pages("TCP"),
-            Proto::Sctp => s.sctp().and_then(|(_, pages)| pages),
-        }?;
+        let pages = sockstat::memory_allocated_pages(self.proto)?;
         Some(u64::try_from(pages).ok()? * procfs::page_size())
+    }
+}
+
+/// A listening socket with no connection of its own: a TCP listener, an SCTP endpoint without
+/// associations. It holds nothing.
+fn listener_only(proto: Proto, s: &sock_diag::Socket) -> bool {
+    match proto {
+        Proto::Tcp => s.state == LISTEN,
+        Proto::Sctp => s.associations == 0,
     }
 }
 
@@ -139,7 +142,7 @@ fn ms(d: Duration) -> u64 {
 
 /// The record of a window whose sampler thread could not be started.
 pub(crate) fn unsampled(w: &Watch, why: &std::io::Error) -> SockMem {
-    let mut b = Builder::new(w.proto.name(), Family::of(&w.server).key(), 0);
+    let mut b = Builder::new(w.proto, Family::of(&w.server), 0);
     b.failed(format!("the socket memory sampler could not start: {why}"));
     b.finish()
 }

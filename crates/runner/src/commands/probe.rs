@@ -14,7 +14,7 @@ use fraglab_probe::zoneinfo::ZoneInfo;
 
 use crate::cli::{ProbeArgs, SocketsProto};
 use fraglab_probe::sock_diag::{self, Family, Proto, SkMem, Socket, States};
-use fraglab_probe::sockstat::SockStat;
+use fraglab_probe::sockstat;
 use fraglab_units::{format_size, order_size, parse_duration};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -322,11 +322,7 @@ fn sockets(args: &ProbeArgs, proto: SocketsProto) -> Result<Exit> {
     }
     let names = SkMem::default().fields().map(|(k, _)| k);
     let held: i64 = all.iter().map(|(_, s)| s.skmem.held()).sum();
-    let stat = SockStat::read().ok();
-    let pages = stat.as_ref().and_then(|s| match proto {
-        Proto::Tcp => s.mem_pages("TCP"),
-        Proto::Sctp => s.sctp().and_then(|(_, p)| p),
-    });
+    let pages = sockstat::memory_allocated_pages(proto);
     let proto_mem = pages.map(|p| p * procfs::page_size() as i64);
     all.sort_by_key(|(_, s)| std::cmp::Reverse(s.skmem.f));
     let top: Vec<&(Family, Socket)> = all.iter().take(args.top).collect();
