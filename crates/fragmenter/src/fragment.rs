@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::arena::{page_floor, Arena, PAGE_SIZE};
 use crate::frames::Frames;
-use crate::keeper::{Keep, Keeper, Keeping, Timeline};
+use crate::keeper::{Keep, Keeper, Keeping, Timeline, ZoneAbove};
 use crate::pipefill::PipeFill;
 use crate::populate::{self, Pool};
 use crate::shape::{self, Cut};
@@ -238,6 +238,43 @@ pub struct Status {
     /// in each, apart.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub zones: Vec<ZoneCut>,
+    /// Each time the guard gave memory back, oldest first.
+    #[serde(default)]
+    pub give_backs: Vec<GiveBack>,
+    /// Whether the target holds at the last refresh: what `fraglab status` exits by.
+    #[serde(default)]
+    pub now: Option<Now>,
+}
+
+/// One give-back of the guard: MemAvailable fell below the floor, and memory went back to the
+/// kernel before the OOM killer had to find it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GiveBack {
+    /// Seconds since the Unix epoch.
+    pub at: u64,
+    pub mem_available_bytes: u64,
+    pub floor_bytes: u64,
+    /// All it gave back, pipe pages included.
+    pub bytes: u64,
+    /// Of those, pipe pages (whole-machine mode: the reserve's broken-up blocks).
+    pub pipe_bytes: u64,
+}
+
+/// Whether the target holds, looked at now.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Now {
+    /// CLOCK_MONOTONIC, the clock probe.jsonl samples and run phases carry.
+    pub at_ns: u64,
+    pub holds: bool,
+    /// Why it does not.
+    pub why: Option<String>,
+    /// The order at or above which a free block is a loss ([`Keeping::order`]).
+    pub order: usize,
+    /// Per zone: free pages at or above `order`, and whether the zone counts (regions mode counts
+    /// none: there the kept pages, not free blocks elsewhere, say whether it holds).
+    pub zones: Vec<ZoneAbove>,
+    /// Memory the holder has locked now (smaps' `Locked`): pages compaction cannot move.
+    pub locked_bytes: u64,
 }
 
 /// A fragmenter holding memory in shape.
@@ -634,6 +671,8 @@ impl Fragmenter {
             target_lost: None,
             keeping: None,
             zones: zone_cuts,
+            give_backs: Vec::new(),
+            now: None,
         };
         let mut f = Fragmenter { plan, arena, journal, cut, kept, fill, keeper, status };
         // The hold's first look: its record starts with the hold.
@@ -718,8 +757,51 @@ impl Fragmenter {
             };
             self.status.moved_pages = moved_pages(&self.arena, &self.kept)?;
         }
-        self.status.keeping = Some(self.keeper.status());
+        let keeping = self.keeper.status();
+        self.status.now = Some(self.now(&keeping)?);
+        self.status.keeping = Some(keeping);
         Ok(&self.status)
+    }
+
+    /// Whether the target holds at this refresh: not once memory was given back or a kept page
+    /// moved (those do not come back), nor while a zone in play has a free block at or above the
+    /// keeper's order (the keeper modes; regions mode only reports blocks outside its regions).
+    fn now(&self, keeping: &Keeping) -> Result<Now> {
+        let b = &self.status.buddyinfo_now;
+        let regions = keeping.how == Keep::Regions;
+        let zones: Vec<ZoneAbove> = crate::keeper::above(b, keeping.order)
+            .into_iter()
+            .map(|z| ZoneAbove { in_play: z.in_play && !regions, ..z })
+            .collect();
+        let why = if let Some(lost) = &self.status.target_lost {
+            Some(lost.clone())
+        } else if let Some(for_good) = self.keeper.lost_for_good() {
+            Some(for_good)
+        } else if regions && self.status.moved_pages > 0 {
+            Some(format!(
+                "{} kept pages moved (migrated): the regions they kept may hold free blocks of order ≥ {}",
+                self.status.moved_pages, keeping.order
+            ))
+        } else if zones.iter().any(|z| z.in_play && z.pages > 0) {
+            Some(crate::keeper::describe(b, keeping.order))
+        } else {
+            None
+        };
+        // smaps' Locked (resident pages in mlocked mappings), not status' VmLck: with
+        // MLOCK_ONFAULT VmLck counts whole mappings, pages the cut freed included (640 MiB for a
+        // 256 MiB budget that keeps 16 MiB).
+        let locked_bytes = procfs::process::Process::myself()
+            .and_then(|p| p.smaps_rollup())
+            .map(|r| r.memory_map_rollup.0.iter().filter_map(|m| m.extension.map.get("Locked")).sum())
+            .context("reading /proc/self/smaps_rollup for Locked")?;
+        Ok(Now {
+            at_ns: fraglab_probe::snapshot::monotonic_ns()?,
+            holds: why.is_none(),
+            why,
+            order: keeping.order,
+            zones,
+            locked_bytes,
+        })
     }
 
     /// One look of the keeper ([`crate::keeper`]): every [`crate::keeper::KEEP_EVERY`] while
@@ -802,6 +884,13 @@ impl Fragmenter {
             }
         );
         self.status.events.push(what.clone());
+        self.status.give_backs.push(GiveBack {
+            at: crate::instance::now_epoch(),
+            mem_available_bytes: avail,
+            floor_bytes: self.plan.floor,
+            bytes: given + from_pipes,
+            pipe_bytes: from_pipes,
+        });
         let lost = "memory pressure: memory given back to avoid the OOM killer";
         self.keeper.lost_to_pressure(lost);
         self.status.target_lost = Some(lost.into());

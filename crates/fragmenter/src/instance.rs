@@ -134,7 +134,7 @@ impl Instance {
             }
             if !told {
                 let who = holder.map_or_else(|| "another fraglab".to_string(), |h| format!("fraglab {h}"));
-                eprintln!(
+                errln!(
                     "fraglab: waiting for {who} to finish ({WAIT_ENV} allows {})",
                     humantime::format_duration(wait)
                 );

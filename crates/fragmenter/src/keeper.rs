@@ -510,6 +510,12 @@ impl Keeper {
         why
     }
 
+    /// Why the target is lost for good (memory given back, a kept page moved), if it is.
+    pub fn lost_for_good(&self) -> Option<String> {
+        let t = lock(&self.timeline);
+        t.losses.last().filter(|l| l.end_ns.is_none() && l.pages == u64::MAX).map(|l| l.why.clone())
+    }
+
     /// Memory pressure: the guard gave memory back, so the target is gone for the rest of the hold,
     /// and re-breaking would only take memory the machine needs.
     pub fn lost_to_pressure(&mut self, why: &str) {

@@ -9,6 +9,10 @@
 //! caller runs workloads keeps its guard on a thread ([`hold`]). While holding, the keeper
 //! ([`keeper`]) takes back free blocks of the target order that form, and records when the target held.
 
+// outln!, errln!, out!, err!: printing that never panics on a closed pipe, in every module.
+#[macro_use]
+extern crate fraglab_stdio;
+
 pub mod arena;
 pub mod control;
 pub mod cpu;

@@ -118,7 +118,7 @@ impl Drop for Journal {
     fn drop(&mut self) {
         if !self.entries.is_empty() {
             if let Err(e) = self.restore() {
-                eprintln!("fraglab: restoring sysctls failed: {e:#}");
+                errln!("fraglab: restoring sysctls failed: {e:#}");
             }
         }
     }

@@ -2,6 +2,7 @@
 //! kernel; [`crate::resolve`] turns these into validated plans.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -37,7 +38,8 @@ pub enum Command {
     Probe(ProbeArgs),
     /// Shape free memory into a target buddyinfo profile and hold it.
     Fragment(FragmentArgs),
-    /// What a fragmenter is doing: where shaping stands, or what it holds.
+    /// What a fragmenter is doing: where shaping stands, or what it holds and whether its target
+    /// holds now (exit 0 it holds; 1 lost, still shaping, or nothing held).
     Status(StatusArgs),
     /// Make a fragmenter give its memory back and restore every sysctl; one still shaping stops
     /// between two steps.
@@ -212,8 +214,13 @@ pub struct FragmentArgs {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    /// Print the status as JSON (with --watch: one object a line).
     #[arg(long)]
     pub json: bool,
+    /// Ask again every DURATION (1s, 250ms) and print a line each time, until the hold ends or
+    /// Ctrl-C; exit by the last answer.
+    #[arg(long, value_name = "DURATION", value_parser = fraglab_units::parse_duration)]
+    pub watch: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -1,6 +1,10 @@
 //! The `fraglab` command: raw arguments ([`cli`]) are resolved into validated plans ([`resolve`])
 //! before anything touches the kernel, then handed to one module per subcommand ([`commands`]).
 
+// outln!, errln!, out!, err!: printing that never panics on a closed pipe, in every module.
+#[macro_use]
+extern crate fraglab_stdio;
+
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -59,9 +63,12 @@ pub fn main() -> ExitCode {
         cli::Command::Man(args) => commands::generate::man(args),
     };
     match result {
+        // Output asked for and lost (a full disk) is a failure a script must see; a reader that
+        // went away (`| head`) is not.
+        Ok(Exit::Ok) if fraglab_stdio::stdout_lost() => Exit::Failed.into(),
         Ok(exit) => exit.into(),
         Err(e) => {
-            eprintln!("fraglab: {e:#}");
+            errln!("fraglab: {e:#}");
             // The kernel lacks what the command needs (SCTP for `serve`, file locking for anything
             // that takes fraglab's lock): could not test, not failed.
             let unsupported = e.is::<fraglab_workload::Unsupported>()
@@ -78,9 +85,9 @@ pub fn main() -> ExitCode {
 fn recover_after_dead_fraglabs(run_dir: &std::path::Path) {
     let say = |who: &str, restored: Vec<fraglab_fragmenter::sysctl::Restored>| {
         if !restored.is_empty() {
-            eprintln!("fraglab: a previous {who} died holding sysctls; restored from its journal:");
+            errln!("fraglab: a previous {who} died holding sysctls; restored from its journal:");
             for r in restored {
-                eprintln!("  {r}");
+                errln!("  {r}");
             }
         }
     };
@@ -96,23 +103,23 @@ fn recover_after_dead_fraglabs(run_dir: &std::path::Path) {
                 );
                 match (fraglab_results::dir::ResultsDir { dir: dir.clone() }).mark_cut_short(&why) {
                     Ok(true) => {
-                        eprintln!("fraglab: marked the dead run's results incomplete: {}", dir.display())
+                        errln!("fraglab: marked the dead run's results incomplete: {}", dir.display())
                     }
                     Ok(false) => {}
-                    Err(e) => eprintln!("fraglab: could not mark the dead run's results: {e:#}"),
+                    Err(e) => errln!("fraglab: could not mark the dead run's results: {e:#}"),
                 }
             }
         }
-        Err(e) => eprintln!("fraglab: could not restore a previous fraglab's sysctls: {e:#}"),
+        Err(e) => errln!("fraglab: could not restore a previous fraglab's sysctls: {e:#}"),
     }
     // A dead run's catcher instance (its filter and stack trigger) costs every page allocation.
     for dir in fraglab_probe::tracefs::remove_dead_instances() {
-        eprintln!("fraglab: removed {} left by a fraglab that died", dir.display());
+        errln!("fraglab: removed {} left by a fraglab that died", dir.display());
     }
     // Triggers journal apart from the fragmenter (they run while it holds the instance lock).
     fraglab_workload::trigger::set_run_dir(run_dir);
     match fraglab_workload::trigger::recover_if_stale(run_dir) {
         Ok(restored) => say("trigger", restored),
-        Err(e) => eprintln!("fraglab: could not restore a previous trigger's sysctls: {e:#}"),
+        Err(e) => errln!("fraglab: could not restore a previous trigger's sysctls: {e:#}"),
     }
 }

@@ -107,7 +107,7 @@ fn pipeline(
         Some(fp) => {
             let avail = fraglab_fragmenter::fragment::mem_available()?;
             if let Some(note) = crate::runplan::whole_machine_note(plan, avail, crate::vm::init::in_guest()) {
-                eprint!("{note}");
+                err!("{note}");
             }
             let mut bar = crate::progress::progress_bar();
             let mut step = "";
@@ -210,9 +210,9 @@ fn pipeline(
                     }
                     _ => None,
                 };
-                eprint!("{}", fraglab_results::workload::summary(&result));
+                err!("{}", fraglab_results::workload::summary(&result));
                 if let Some(t) = target.as_ref().filter(|t| !t.held) {
-                    eprintln!("  target    {}", t.lost_text());
+                    errln!("  target    {}", t.lost_text());
                 }
                 if let Held::Fragmented(g) = &kernel {
                     record.errors.extend(g.take_events());
@@ -367,7 +367,7 @@ impl Phases {
     /// a failed write is told, not fatal.
     fn mark(&self, name: &str) {
         if let Err(e) = self.results.mark_phase(name) {
-            eprintln!("fraglab: {e:#}");
+            errln!("fraglab: {e:#}");
         }
     }
 

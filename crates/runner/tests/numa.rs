@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use fraglab_probe::buddyinfo::BuddyInfo;
 
 mod common;
-use common::{fraglab_in, read_json, FRAGLAB};
+use common::{fraglab_in, guest_status, FRAGLAB, STATUS_SH};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -38,10 +38,6 @@ fn scratch(name: &str) -> PathBuf {
 
 fn read(dir: &Path, name: &str) -> String {
     std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{name} did not come back: {e}"))
-}
-
-fn json(dir: &Path, name: &str) -> serde_json::Value {
-    read_json(&dir.join(name))
 }
 
 fn buddy(dir: &Path, name: &str) -> BuddyInfo {
@@ -79,25 +75,25 @@ fn node_bound_budgets_a_placed_run_and_the_whole_machine_in_a_two_node_guest() {
     let script = dir.join("numa.sh");
     std::fs::write(
         &script,
-        "set -e\n\
+        format!("{STATUS_SH}set -e\n\
          cat /proc/buddyinfo > b0\n\
          fraglab fragment --profile 'Node 1, zone DMA32 2000 300 150 80 40 16 8 0 0 0 0' --budget 120MiB --daemon > n1.out 2>&1\n\
          cat /proc/buddyinfo > b1\n\
-         fraglab status --json > n1.json\n\
+         status n1\n\
          fraglab release > /dev/null\n\
          cat /proc/buddyinfo > b2\n\
          fraglab fragment --max-free-order 3 --node 0 --budget 150MiB --daemon > n0.out 2>&1\n\
          cat /proc/buddyinfo > b3\n\
-         fraglab status --json > n0.json\n\
+         status n0\n\
          fraglab release > /dev/null\n\
          fraglab fragment --max-free-order 4 --daemon > whole.out 2>&1\n\
          sleep 1\n\
          cat /proc/buddyinfo > b4\n\
-         fraglab status --json > whole.json\n\
+         status whole\n\
          fraglab release > /dev/null\n\
          fraglab run /results/node1.toml -o runs > run.out 2>&1 || echo \"run exit $?\" >> run.out\n\
          fraglab compare runs/node1-* runs/node1-* > compare.txt\n\
-         echo script done\n",
+         echo script done\n"),
     )
     .unwrap();
     // A run placed on node 1 by its config: the run summary and compare show the zone apart.
@@ -134,7 +130,7 @@ fn node_bound_budgets_a_placed_run_and_the_whole_machine_in_a_two_node_guest() {
     assert!(b0.zone(1, "DMA32").is_some() && b0.zone(1, "Normal").is_none(), "{b0:?}");
 
     // A Node 1 profile in a budget: every page on node 1, the profile there, node 0 untouched.
-    let n1 = json(&results, "n1.json");
+    let n1 = guest_status(&results, "n1");
     assert!(
         bounds(&n1).contains("bind: all ") && bounds(&n1).contains(" pages on node 1"),
         "{}",
@@ -158,7 +154,7 @@ fn node_bound_budgets_a_placed_run_and_the_whole_machine_in_a_two_node_guest() {
     }
 
     // The other way round, another target and budget: node 1 keeps its blocks.
-    let n0 = json(&results, "n0.json");
+    let n0 = guest_status(&results, "n0");
     assert!(bounds(&n0).contains(" pages on node 0"), "{}", bounds(&n0));
     let (b2, b3) = (buddy(&results, "b2"), buddy(&results, "b3"));
     assert!(big(&b3, 1) + TOLERANCE_PAGES >= big(&b2, 1), "node 1 kept its blocks: {b2:?} → {b3:?}");
@@ -173,7 +169,7 @@ fn node_bound_budgets_a_placed_run_and_the_whole_machine_in_a_two_node_guest() {
     assert!(compare.contains("Node 1, zone DMA32: planned 600 120 60 30 12 | intact "), "{compare}");
 
     // The whole machine, max free order 4: no free block of order ≥ 4 on either node.
-    let whole = json(&results, "whole.json");
+    let whole = guest_status(&results, "whole");
     assert_eq!(whole["leftover_pages"], 0, "{}", bounds(&whole));
     let b4 = buddy(&results, "b4");
     for n in [0, 1] {
@@ -197,13 +193,15 @@ fn a_saved_two_node_buddyinfo_is_one_target_in_a_guest_shaped_from_it() {
     let script = dir.join("file.sh");
     std::fs::write(
         &script,
-        "set -e\n\
+        format!(
+            "{STATUS_SH}set -e\n\
          fraglab fragment --profile-file /results/held.buddyinfo --daemon > file.out 2>&1\n\
          sleep 1\n\
          cat /proc/buddyinfo > b5\n\
-         fraglab status --json > file.json\n\
+         status file\n\
          fraglab release > /dev/null\n\
-         echo script done\n",
+         echo script done\n"
+        ),
     )
     .unwrap();
     let results = dir.join("results");
@@ -225,7 +223,7 @@ fn a_saved_two_node_buddyinfo_is_one_target_in_a_guest_shaped_from_it() {
     assert!(stderr.contains("node 0 640 MiB (DMA, DMA32); node 1 1024 MiB (DMA32)"), "{stderr}");
     // The saved two-node buddyinfo as one target: each DMA32 line in its own node (DMA skipped),
     // and nothing of order ≥ 4 on either: the reserve's blocks traded and re-broken.
-    let f = json(&results, "file.json");
+    let f = guest_status(&results, "file");
     let b = bounds(&f);
     assert!(b.contains("rebreak: no free block of order ≥ 4 left"), "{b}");
     assert!(f["target"]["skipped"][0].as_str().unwrap().starts_with("Node 0, zone DMA (line 1)"), "{f}");
@@ -271,17 +269,17 @@ fn a_lower_zone_profile_is_a_whole_machine_target_reproduced_exactly() {
     std::fs::write(
         &script,
         format!(
-            "fraglab fragment --profile '{line}' --budget 100MiB --dry-run > refused.out 2>&1\n\
+            "{STATUS_SH}fraglab fragment --profile '{line}' --budget 100MiB --dry-run > refused.out 2>&1\n\
              echo \"exit $?\" >> refused.out\n\
              set -e\n\
              cat /proc/vmstat > vmstat-before\n\
              fraglab fragment --profile '{line}' --daemon > zone.out 2>&1\n\
-             fraglab status --json > begun.json\n\
+             status begun\n\
              sleep 1\n\
              cat /proc/buddyinfo > held\n\
              sleep 0.2\n\
              cat /proc/buddyinfo > held-later\n\
-             fraglab status --json > later.json\n\
+             status later\n\
              cat /proc/vmstat > vmstat-held\n\
              fraglab release > /dev/null\n\
              echo script done\n"
@@ -324,7 +322,7 @@ fn a_lower_zone_profile_is_a_whole_machine_target_reproduced_exactly() {
     }
 
     // When the hold begins: the profile, in its zone, and nothing of order ≥ 7 anywhere.
-    let begun = json(&results, "begun.json");
+    let begun = guest_status(&results, "begun");
     let b = bounds(&begun);
     assert!(b.contains("held, not cut") && b.contains("rebreak: no free block of order ≥ 7 left"), "{b}");
     let zone = &begun["zones"][0];
@@ -352,7 +350,7 @@ fn a_lower_zone_profile_is_a_whole_machine_target_reproduced_exactly() {
         .map(|z| format!("{}: {:?}", z.label(), z.free))
         .collect();
     if !formed.is_empty() {
-        let later = json(&results, "later.json");
+        let later = guest_status(&results, "later");
         let acted = |k: &serde_json::Value| {
             k["rebroken"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).sum::<u64>()
                 + k["refused"].as_u64().unwrap()
@@ -374,7 +372,7 @@ fn a_lower_zone_profile_is_a_whole_machine_target_reproduced_exactly() {
         held.zones.iter().filter(|z| z.zone != "DMA").any(|z| {
             z.free_pages_at_or_above(7).min(at_or_above(&later, z.node, &z.zone, 7)) > TOLERANCE_PAGES
         });
-    let keeping = &json(&results, "later.json")["keeping"];
+    let keeping = &guest_status(&results, "later")["keeping"];
     eprintln!("a second on: {held:?} / {later:?}; keeping {keeping}");
     if stuck {
         assert!(

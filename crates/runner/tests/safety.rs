@@ -295,14 +295,16 @@ impl Drop for Daemon {
 /// answers while it still takes memory too, with a `shaping` field).
 fn holds(dir: &Path) -> bool {
     let out = fraglab(dir, &["status", "--json"]);
-    out.status.success()
-        && serde_json::from_slice::<serde_json::Value>(&out.stdout).is_ok_and(|s| s.get("shaping").is_none())
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).is_ok_and(|s| s.get("shaping").is_none())
 }
 
 fn status_json(dir: &Path) -> serde_json::Value {
     let out = fraglab(dir, &["status", "--json"]);
-    assert!(out.status.success(), "status: {}", stderr(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
+    let s: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("status: {e}: {}", stderr(&out)));
+    // Exit 0 exactly when the target holds now.
+    assert_eq!(out.status.success(), s["now"]["holds"].as_bool().unwrap(), "{s}");
+    s
 }
 
 /// The one results directory a run made under `out`.
@@ -406,8 +408,17 @@ fn memory_pressure_while_holding_gives_memory_back_before_the_oom_killer() {
     assert!(!events.is_empty() && events[0].as_str().unwrap().contains("gave back"), "{s}");
     assert!(s["held_bytes"].as_u64().unwrap() < held, "held_bytes did not go down: {s}");
     assert!(after_guard < locked, "the fragmenter's mlocked memory did not go down");
+    // Status says so, and exits 1: the give-backs with their times and sizes, the target lost now.
+    assert_eq!(s["now"]["holds"], false, "{s}");
+    let gave = s["give_backs"].as_array().unwrap();
+    assert!(!gave.is_empty() && gave.iter().all(|g| g["bytes"].as_u64().unwrap() > 0), "{s}");
+    assert!(gave.iter().all(|g| g["mem_available_bytes"].as_u64() < g["floor_bytes"].as_u64()), "{s}");
     let human = fraglab(&dir, &["status"]);
-    assert!(String::from_utf8_lossy(&human.stdout).contains("TARGET LOST"));
+    assert_eq!(human.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains("TARGET LOST now: memory pressure"), "{text}");
+    // More may follow between the two requests.
+    assert!(text.contains("guard: gave back ") && text.contains(" give-back(s), "), "{text}");
 
     // Nobody was OOM-killed, and the kernel did not even consider it.
     assert_eq!(vmstat("oom_kill"), oom_kills, "the OOM killer acted");

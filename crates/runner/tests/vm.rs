@@ -9,6 +9,9 @@ use std::sync::Mutex;
 
 use fraglab_probe::buddyinfo::BuddyInfo;
 
+mod common;
+use common::{guest_status, STATUS_SH};
+
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const FRAGLAB: &str = env!("CARGO_BIN_EXE_fraglab");
@@ -500,7 +503,8 @@ fn whole_machine_max_free_order_4_holds_through_compact_memory() {
     let script = dir.join("frag.sh");
     std::fs::write(
         &script,
-        "set -e\n\
+        format!(
+            "{STATUS_SH}set -e\n\
          cat /proc/sys/vm/min_free_kbytes > min_free_kbytes\n\
          cat /proc/meminfo > meminfo-before\n\
          cat /proc/buddyinfo > buddyinfo-before\n\
@@ -511,11 +515,12 @@ fn whole_machine_max_free_order_4_holds_through_compact_memory() {
          cat /proc/buddyinfo > buddyinfo-compacted\n\
          sleep 1\n\
          cat /proc/buddyinfo > buddyinfo-kept\n\
-         fraglab status --json > status.json\n\
+         status status\n\
          fraglab release\n\
          cat /proc/buddyinfo > buddyinfo-released\n\
          mkdir -p sub && echo round trip > sub/marker.txt\n\
-         echo script done\n",
+         echo script done\n"
+        ),
     )
     .unwrap();
     let results = dir.join("results");
@@ -615,19 +620,19 @@ fn whole_machine_in_odd_sized_guests_holds_and_releases() {
         std::fs::write(
             &script,
             format!(
-                "set -e\n\
+                "{STATUS_SH}set -e\n\
                  cat {SYSCTLS} > sysctls-before\n\
                  echo {huge} > /proc/sys/vm/nr_hugepages\n\
                  fraglab fragment --max-free-order 4 --daemon > fragment.out 2>&1\n\
-                 fraglab status --json > status.json\n\
+                 status status\n\
                  # Huge pages given back while the daemon holds: order-9 blocks its keeper takes back.\n\
                  echo 0 > /proc/sys/vm/nr_hugepages\n\
                  # Wait (bounded) until status says blocks were re-broken.\n\
                  i=0; while [ $i -lt 500 ]; do\n\
-                   s=$(fraglab status); case \"$s\" in *'re-broken (order'*) break;; esac; i=$((i+1))\n\
+                   s=$(fraglab status || true); case \"$s\" in *'re-broken (order'*) break;; esac; i=$((i+1))\n\
                  done\n\
                  echo \"$s\" > status-kept.txt\n\
-                 fraglab status --json > status-kept.json\n\
+                 status status-kept\n\
                  fraglab release > release.out 2>&1\n\
                  cat {SYSCTLS} > sysctls-released\n\
                  fraglab fragment --max-free-order 4 --daemon > early.out 2>&1 &\n\
@@ -663,7 +668,7 @@ fn whole_machine_in_odd_sized_guests_holds_and_releases() {
         for f in ["fragment.out", "release.out", "early.polls", "early.out", "early-release.out"] {
             eprintln!("--- {at} {f}:\n{}", read(&results, f));
         }
-        let status = json(&results.join("status.json"));
+        let status = guest_status(&results, "status");
         assert_eq!(status["leftover_pages"], 0, "{at}: the target was reached: {status}");
         let bounds = status["bounds"].as_array().unwrap();
         assert!(
@@ -672,7 +677,7 @@ fn whole_machine_in_odd_sized_guests_holds_and_releases() {
         );
         // The keeper took back the blocks the huge pages left (each 2 MiB; the kernel may take some
         // first), and status says so.
-        let kept = json(&results.join("status-kept.json"));
+        let kept = guest_status(&results, "status-kept");
         let k = &kept["keeping"];
         assert_eq!(k["how"], "rebreak", "{at}: {k}");
         let rebroken = k["rebroken"].as_array().unwrap();

@@ -4,6 +4,10 @@
 //! for every kind); `fraglab workload` prints it, `fraglab run` stores it. [`net`] is the one driver
 //! TCP and SCTP run on; [`serve`] is their server side for a client on another host.
 
+// outln!, errln!, out!, err!: printing that never panics on a closed pipe, in every module.
+#[macro_use]
+extern crate fraglab_stdio;
+
 pub mod exec;
 mod net;
 mod opts;

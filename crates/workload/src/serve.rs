@@ -4,7 +4,6 @@
 //! the same code; here one runs on its own until SIGINT/SIGTERM or `--duration`, then says what it
 //! served.
 
-use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -119,13 +118,12 @@ pub fn serve(a: impl Into<ServeCommand>) -> Result<()> {
 /// `fraglab serve` (`--proto tcp`): [`tcp::Server`], the tcp kinds' own server, on `addr`.
 fn serve_tcp(addr: SocketAddr, until: &str, wait: impl FnOnce() -> Instant) -> Result<()> {
     let server = tcp::Server::start(addr, 4).with_context(|| format!("listening on {addr}"))?;
-    println!("fraglab serve: listening on {} (tcp-stream, tcp-rr, tcp-crr) {until}", server.addr);
-    io::stdout().flush()?;
+    outln!("fraglab serve: listening on {} (tcp-stream, tcp-rr, tcp-crr) {until}", server.addr);
     let start = wait();
     // Running connections get 2 s to end.
     let rep = server.stop();
     let [stream, rr, crr] = rep.conns;
-    println!(
+    outln!(
         "fraglab serve: {:.1} s, {} connections (stream {stream}, rr {rr}, crr {crr}), {} received, \
          {} transactions, {} bad headers",
         start.elapsed().as_secs_f64(),
@@ -147,15 +145,14 @@ fn serve_sctp(
 ) -> Result<()> {
     let what = o.describe();
     let server = sctp::Server::start(addr, o).with_context(|| format!("listening on SCTP {addr}"))?;
-    println!(
+    outln!(
         "fraglab serve: listening on {} (SCTP {what}: sctp-connect, sctp-stream, sctp-rr) {until}",
         server.addr()
     );
-    io::stdout().flush()?;
     let start = wait();
     // Open associations get up to 10 s to close; what is still open then is counted as unfinished.
     let rep = server.stop();
-    println!(
+    outln!(
         "fraglab serve: {:.1} s, {} associations, {} messages ({}) received, {} replies, {} unfinished",
         start.elapsed().as_secs_f64(),
         rep.associations,
@@ -170,7 +167,7 @@ fn serve_sctp(
 
 fn print_errors(errors: &[ErrnoCount]) {
     for e in errors {
-        println!("  error {} ({}) × {}, first at {:.3} s", e.errno, e.code, e.count, e.first_seen_s);
+        outln!("  error {} ({}) × {}, first at {:.3} s", e.errno, e.code, e.count, e.first_seen_s);
     }
 }
 

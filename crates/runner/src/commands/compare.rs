@@ -14,18 +14,18 @@ pub fn run(args: CompareArgs) -> Result<Exit> {
     match build(&args) {
         Ok(c) => {
             for w in &c.warnings {
-                eprintln!("fraglab: warning: {w}");
+                errln!("fraglab: warning: {w}");
             }
             let out = match args.format {
                 Format::Text => text(&c),
                 Format::Markdown => markdown(&c),
                 Format::Json => serde_json::to_string_pretty(&c)? + "\n",
             };
-            print!("{out}");
+            out!("{out}");
             Ok(Exit::Ok)
         }
         Err(e) => {
-            eprintln!("fraglab: {e:#}");
+            errln!("fraglab: {e:#}");
             Ok(Exit::Error)
         }
     }

@@ -98,7 +98,7 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
     if !args.daemon_child {
         // Before anything is taken, where the user is looking (the daemon child's stderr is a log).
         if let Some(note) = whole_machine_note(&plan, machine.mem_available) {
-            eprint!("{note}");
+            err!("{note}");
         }
     }
     if args.daemon && !args.daemon_child {
@@ -107,7 +107,7 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let (instance, restored) = Instance::acquire(run_dir, &command)?;
     for r in restored {
-        eprintln!("fraglab: restored {r} left by a fraglab that died");
+        errln!("fraglab: restored {r} left by a fraglab that died");
     }
     let journal = Journal::create(run_dir)?;
     let listener = control::listen(run_dir)?;
@@ -141,9 +141,9 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
             let by = if released_early { "`fraglab release`" } else { "a signal" };
             let msg = format!("stopped by {by}: {stopped}; nothing is held");
             if args.daemon_child {
-                println!("{STOPPED}{msg}");
+                outln!("{STOPPED}{msg}");
             } else {
-                eprintln!("fraglab: {msg}");
+                errln!("fraglab: {msg}");
             }
             return Ok(Exit::Failed);
         }
@@ -151,12 +151,12 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
 
     if args.daemon_child {
         // Tell the foreground half we hold, then cut loose from its terminal.
-        println!("{READY}{}", serde_json::to_string(fragmenter.status())?);
+        outln!("{READY}{}", serde_json::to_string(fragmenter.status())?);
         std::io::stdout().flush()?;
         detach(run_dir)?;
     } else {
         report(fragmenter.status(), args.json)?;
-        eprintln!("holding; Ctrl-C (or `fraglab release`) gives it back, `fraglab status` shows it");
+        errln!("holding; Ctrl-C (or `fraglab release`) gives it back, `fraglab status` shows it");
     }
 
     // The hold: answer the socket, keep the target, guard against memory pressure, stop on release
@@ -165,24 +165,33 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
     let mut next_guard = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let release = control::serve_pending(&listener, |req| match req {
-            Request::Status => match fragmenter.refresh() {
-                Ok(s) => serde_json::json!({ "ok": true, "status": s }),
-                Err(e) => serde_json::json!({ "ok": false, "error": format!("{e:#}") }),
-            },
+            Request::Status => {
+                // The keeper's look first, as it would take one 10 ms on: a block it takes back at
+                // once is not what "lost now" means. (In regions mode the refresh itself checks
+                // the kept pages.)
+                if let Some(line) = keeping.said(fragmenter.keep(), "the keeper could not look at buddyinfo")
+                {
+                    errln!("fraglab: {line}");
+                }
+                match fragmenter.refresh() {
+                    Ok(s) => serde_json::json!({ "ok": true, "status": s }),
+                    Err(e) => serde_json::json!({ "ok": false, "error": format!("{e:#}") }),
+                }
+            }
             Request::Release => serde_json::json!({ "ok": true, "released": true }),
         });
         if release {
             break;
         }
         if let Some(line) = keeping.said(fragmenter.keep(), "the keeper could not look at buddyinfo") {
-            eprintln!("fraglab: {line}");
+            errln!("fraglab: {line}");
         }
         // A guard that cannot look cannot keep the OOM killer away: the hold ends (and everything is
         // given back) rather than go on unguarded.
         if Instant::now() >= next_guard {
             next_guard = Instant::now() + GUARD_EVERY;
             if let Some(line) = fragmenter.guard()? {
-                eprintln!("fraglab: {line}");
+                errln!("fraglab: {line}");
             }
         }
         std::thread::sleep(KEEP_EVERY);
@@ -191,7 +200,7 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
     drop(listener);
     let _ = std::fs::remove_file(run_dir.join(control::SOCKET));
     drop(instance);
-    eprintln!("released; restored {}", restored.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", "));
+    errln!("released; restored {}", restored.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", "));
     Ok(Exit::Ok)
 }
 
@@ -213,7 +222,7 @@ fn spawn_daemon(run_dir: &Path) -> Result<Exit> {
         if let Some(json) = line.strip_prefix(READY) {
             let status: Status = serde_json::from_str(json)?;
             report(&status, false)?;
-            eprintln!(
+            errln!(
                 "holding in the background (pid {}); `fraglab status`, `fraglab release`; log: {}",
                 child.id(),
                 run_dir.join("fraglab.log").display()
@@ -221,7 +230,7 @@ fn spawn_daemon(run_dir: &Path) -> Result<Exit> {
             return Ok(Exit::Ok);
         }
         if let Some(why) = line.strip_prefix(STOPPED) {
-            eprintln!("fraglab: the background fragmenter: {why}");
+            errln!("fraglab: the background fragmenter: {why}");
             child.wait()?;
             return Ok(Exit::Failed);
         }
@@ -243,22 +252,133 @@ fn detach(run_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `fraglab status`: the holder's answer, refreshed now. Exit 0 while the target holds, 1 when it is
+/// lost — and when nothing holds it in shape (still shaping, or no fragmenter) — so a script can
+/// check it. `--watch` asks again every interval until the hold ends, Ctrl-C, or nobody reads.
 pub fn status(args: StatusArgs, run_dir: &Path) -> Result<Exit> {
-    let reply = control::call(run_dir, &Request::Status)?;
-    if let Some(shaping) = reply["shaping"].as_str() {
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&reply)?);
-        } else {
-            println!(
-                "fraglab pid {} is still shaping: {shaping}; nothing is held in shape yet",
-                reply["pid"]
-            );
-        }
-        return Ok(Exit::Ok);
+    let Some(every) = args.watch else {
+        let reply = Reply::ask(run_dir)?;
+        reply.print(args.json, true, false)?;
+        return Ok(reply.exit());
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
-    let status: Status = serde_json::from_value(reply["status"].clone())?;
-    report(&status, args.json)?;
-    Ok(Exit::Ok)
+    let mut exit = None;
+    loop {
+        let reply = match Reply::ask(run_dir) {
+            Ok(r) => r,
+            // It held at the last look and is gone now: released, or stopped by a signal.
+            Err(e) if exit.is_some() => {
+                errln!("fraglab status: the hold ended ({e:#})");
+                return Ok(Exit::Failed);
+            }
+            Err(e) => return Err(e),
+        };
+        reply.print(args.json, exit.is_none(), true)?;
+        exit = Some(reply.exit());
+        let next = Instant::now() + every;
+        while Instant::now() < next && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep((next - Instant::now()).min(Duration::from_millis(50)));
+        }
+        if stop.load(Ordering::Relaxed) || fraglab_stdio::stdout_closed() {
+            return Ok(exit.unwrap_or(Exit::Failed));
+        }
+    }
+}
+
+/// What a holder answers to `status`.
+enum Reply {
+    /// Still taking memory or cutting: nothing held in shape yet.
+    Shaping {
+        pid: u64,
+        what: String,
+        raw: serde_json::Value,
+    },
+    Holding(Box<Status>),
+}
+
+impl Reply {
+    fn ask(run_dir: &Path) -> Result<Reply> {
+        let reply = control::call(run_dir, &Request::Status)?;
+        if let Some(what) = reply["shaping"].as_str() {
+            let pid = reply["pid"].as_u64().unwrap_or(0);
+            return Ok(Reply::Shaping { pid, what: what.to_string(), raw: reply.clone() });
+        }
+        Ok(Reply::Holding(Box::new(serde_json::from_value(reply["status"].clone())?)))
+    }
+
+    fn exit(&self) -> Exit {
+        match self {
+            Reply::Holding(s) if holds(s) => Exit::Ok,
+            _ => Exit::Failed,
+        }
+    }
+
+    /// The whole account (the first answer of a watch too), then a line an answer; JSON pretty,
+    /// or one object a line when watching.
+    fn print(&self, json: bool, first: bool, watching: bool) -> Result<()> {
+        match self {
+            Reply::Shaping { raw, .. } if json => outln!("{}", json_text(raw, watching)?),
+            Reply::Holding(s) if json => outln!("{}", json_text(s, watching)?),
+            Reply::Shaping { pid, what, .. } => {
+                outln!("fraglab pid {pid} is still shaping: {what}; nothing is held in shape yet")
+            }
+            Reply::Holding(s) if first => report(s, false)?,
+            Reply::Holding(s) => outln!("{}", watch_line(s)),
+        }
+        Ok(())
+    }
+}
+
+fn json_text(v: &impl serde::Serialize, watching: bool) -> Result<String> {
+    Ok(if watching { serde_json::to_string(v)? } else { serde_json::to_string_pretty(v)? })
+}
+
+/// Whether the hold's target holds at its last refresh (a holder too old to say: unless it was
+/// lost to memory pressure).
+fn holds(s: &Status) -> bool {
+    s.now.as_ref().map_or(s.target_lost.is_none(), |n| n.holds)
+}
+
+/// One line of `status --watch`: the time, holds or LOST, and what changes while holding.
+fn watch_line(s: &Status) -> String {
+    let time = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let clock = time.get(11..19).unwrap_or(&time);
+    let mut parts = Vec::new();
+    match &s.now {
+        Some(n) if n.holds => {
+            let counted: Vec<String> = n
+                .zones
+                .iter()
+                .filter(|z| z.in_play)
+                .map(|z| format!("{} {}", z.zone.rsplit("zone ").next().unwrap_or(&z.zone), z.pages))
+                .collect();
+            parts.push(if counted.is_empty() {
+                "holds".to_string()
+            } else {
+                format!("holds (free pages at order ≥ {}: {})", n.order, counted.join(", "))
+            });
+        }
+        Some(n) => parts.push(format!("LOST: {}", n.why.as_deref().unwrap_or("?"))),
+        None => parts.push(if holds(s) { "holds".into() } else { "LOST".into() }),
+    }
+    let locked =
+        s.now.as_ref().map(|n| format!(", {} locked", format_size(n.locked_bytes))).unwrap_or_default();
+    parts.push(format!("held {}{locked}", format_size(s.held_bytes)));
+    if let Some(k) = &s.keeping {
+        let rebroken: u64 = k.rebroken.iter().sum();
+        if rebroken > 0 {
+            parts.push(format!("re-broken {rebroken} ({})", format_size(k.added_bytes)));
+        }
+        parts.push(format!("lost {:.3} s in {}", k.lost_ns as f64 / 1e9, k.losses));
+    }
+    if !s.give_backs.is_empty() {
+        let bytes: u64 = s.give_backs.iter().map(|g| g.bytes).sum();
+        parts.push(format!("gave back {} in {}", format_size(bytes), s.give_backs.len()));
+    }
+    format!("{clock}  {}", parts.join("; "))
 }
 
 pub fn release(run_dir: &Path) -> Result<Exit> {
@@ -276,7 +396,7 @@ pub fn release(run_dir: &Path) -> Result<Exit> {
                 };
             bail!("no fragmenter to release in {}: {h} holds the machine; {how}", run_dir.display());
         }
-        eprintln!("nothing to release: no fraglab is holding memory");
+        errln!("nothing to release: no fraglab is holding memory");
         return Ok(Exit::Ok);
     }
     // What it changed, to say what was put back once it has let go.
@@ -309,7 +429,7 @@ pub fn release(run_dir: &Path) -> Result<Exit> {
                 );
             }
             let restored = changed.iter().map(|e| format!("{} = {}", e.name, e.original)).collect::<Vec<_>>();
-            eprintln!(
+            errln!(
                 "released{}: memory given back{}",
                 shaping.map(|s| format!(" while still shaping ({s})")).unwrap_or_default(),
                 if restored.is_empty() {
@@ -327,16 +447,16 @@ pub fn release(run_dir: &Path) -> Result<Exit> {
 
 fn print_plan(plan: &Plan, machine: &Machine, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(plan)?);
+        outln!("{}", serde_json::to_string_pretty(plan)?);
         return Ok(());
     }
     for (key, value) in describe::plan(plan, machine.mem_available) {
-        println!("{:<9} {value}", format!("{key}:"));
+        outln!("{:<9} {value}", format!("{key}:"));
     }
     if let Some(note) = whole_machine_note(plan, machine.mem_available) {
-        print!("{note}");
+        out!("{note}");
     }
-    println!("dry run: nothing taken, nothing changed");
+    outln!("dry run: nothing taken, nothing changed");
     Ok(())
 }
 
@@ -354,51 +474,75 @@ fn whole_machine_note(plan: &Plan, mem_available: u64) -> Option<String> {
 /// The human (or JSON) account of a hold.
 pub fn report(s: &Status, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(s)?);
+        outln!("{}", serde_json::to_string_pretty(s)?);
         return Ok(());
     }
-    println!("fraglab pid {}: {}, {}", s.pid, describe::extent(s.budget), describe::target(&s.target));
-    println!(
-        "  holding {}, freed {} in planned blocks; pin {}",
+    let since = std::time::UNIX_EPOCH + Duration::from_secs(s.since);
+    let for_how_long = since.elapsed().map(|d| Duration::from_secs(d.as_secs())).unwrap_or_default();
+    outln!(
+        "fraglab pid {}: {}, {}; holding since {} ({})",
+        s.pid,
+        describe::extent(s.budget),
+        describe::target(&s.target),
+        humantime::format_rfc3339_seconds(since),
+        humantime::format_duration(for_how_long)
+    );
+    if let Some(n) = &s.now {
+        match &n.why {
+            None if n.zones.iter().any(|z| z.in_play) => outln!(
+                "  target holds now: no free block of order ≥ {} ({}) in the zones it covers",
+                n.order,
+                order_size(n.order)
+            ),
+            None => outln!("  target holds now: every kept page is where the cut left it"),
+            Some(why) => outln!("  TARGET LOST now: {why}"),
+        }
+    } else if let Some(lost) = &s.target_lost {
+        outln!("  TARGET LOST: {lost}");
+    }
+    let locked =
+        s.now.as_ref().map(|n| format!(" ({} locked)", format_size(n.locked_bytes))).unwrap_or_default();
+    outln!(
+        "  holding {}{locked}, freed {} in planned blocks; pin {}",
         format_size(s.held_bytes),
         format_size(s.freed_bytes),
         describe::pin(s.pin)
     );
     if s.naive {
-        println!(
+        outln!(
             "  PFNs hidden (not root?): freed every other page, the naive pattern; no order is guaranteed"
         );
     }
-    println!("  {:>6} {:>10} {:>10} {:>10}", "order", "planned", "intact", "missing");
-    for o in 0..s.planned.len() {
-        if s.planned[o] + s.missing[o] > 0 {
-            println!(
-                "  {:>6} {:>10} {:>10} {:>10}",
-                format!("{o} {}", order_size(o)),
-                s.planned[o],
-                s.intact[o],
-                s.missing[o]
-            );
-        }
+    let mut rows = vec![["order", "planned", "intact", "missing"].map(String::from).to_vec()];
+    for o in (0..s.planned.len()).filter(|&o| s.planned[o] + s.missing[o] > 0) {
+        rows.push(vec![
+            format!("{o} {}", order_size(o)),
+            s.planned[o].to_string(),
+            s.intact[o].to_string(),
+            s.missing[o].to_string(),
+        ]);
+    }
+    for line in fraglab_stdio::columns(&rows, &[true; 4]) {
+        outln!("  {line}");
     }
     if s.missing_bytes > 0 {
-        println!(
+        outln!(
             "  {} of the target could not be cut: the memory taken is not all in whole aligned regions",
             format_size(s.missing_bytes)
         );
     }
     if let Some(scaled) = describe::scaled_profile(&s.target, s.scale, s.budget, &s.planned, &s.missing) {
-        println!("  {scaled}");
+        outln!("  {scaled}");
     }
     for z in describe::zone_cuts(&s.zones) {
-        println!("  {z}");
+        outln!("  {z}");
     }
     if let Some(t) = describe::traded(s.traded_bytes) {
-        println!("  {t}");
+        outln!("  {t}");
     }
-    println!("  held pages moved since the cut: {}", s.moved_pages);
+    outln!("  held pages moved since the cut: {}", s.moved_pages);
     if let Some(left) = s.leftover_pages {
-        println!(
+        outln!(
             "  whole machine: {} of pipe pages broke up the reserve's high-order blocks; {} still free at order ≥ k{}",
             format_size(s.fill_bytes),
             format_size(left * 4096),
@@ -406,26 +550,63 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
         );
     }
     if let Some(k) = &s.keeping {
-        println!("  {}", describe::keeping(k));
+        outln!("  {}", describe::keeping(k));
     }
-    for z in &s.buddyinfo_now.zones {
-        println!(
-            "  buddyinfo {:<22} {}",
-            z.label(),
-            z.free.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ")
-        );
+    for line in buddyinfo_table(s) {
+        outln!("  {line}");
     }
     for b in &s.bounds {
-        println!("  ended {b}");
+        outln!("  ended {b}");
     }
     for e in &s.sysctls {
-        println!("  sysctl {} = {} (was {}, restored on release)", e.name, e.set_to, e.original);
+        outln!("  sysctl {} = {} (was {}, restored on release)", e.name, e.set_to, e.original);
     }
-    for e in &s.events {
-        println!("  event: {e}");
+    if let (Some(first), Some(last)) = (s.give_backs.first(), s.give_backs.last()) {
+        let at = |t: u64| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(t));
+        outln!(
+            "  guard: gave back {} in {} give-back(s), {} to {}, each when MemAvailable fell below the floor {}",
+            format_size(s.give_backs.iter().map(|g| g.bytes).sum()),
+            s.give_backs.len(),
+            at(first.at),
+            at(last.at),
+            format_size(last.floor_bytes)
+        );
     }
-    if let Some(lost) = &s.target_lost {
-        println!("  TARGET LOST: {lost}");
+    // The latest events; a guard under steady pressure can log many (all are in --json).
+    const EVENTS: usize = 5;
+    if s.events.len() > EVENTS {
+        outln!("  ({} earlier events: fraglab status --json)", s.events.len() - EVENTS);
+    }
+    for e in s.events.iter().skip(s.events.len().saturating_sub(EVENTS)) {
+        outln!("  event: {e}");
     }
     Ok(())
+}
+
+/// /proc/buddyinfo at the refresh, a zone a row, with the free pages at or above the target order
+/// and whether the zone counts toward the target.
+fn buddyinfo_table(s: &Status) -> Vec<String> {
+    let orders = s.buddyinfo_now.nr_orders();
+    let mut head = vec!["buddyinfo now".to_string()];
+    head.extend((0..orders).map(|o| o.to_string()));
+    let above = s.now.as_ref().filter(|n| n.zones.iter().any(|z| z.in_play));
+    if let Some(n) = above {
+        head.push(format!("≥ {}", n.order));
+    }
+    let mut rows = vec![head];
+    for z in &s.buddyinfo_now.zones {
+        let mut row = vec![z.label()];
+        row.extend(z.free.iter().map(u64::to_string));
+        if let Some(n) = above {
+            let label = z.label();
+            row.push(match n.zones.iter().find(|a| a.zone == label) {
+                Some(a) if a.in_play => a.pages.to_string(),
+                _ => "(not counted)".into(),
+            });
+        }
+        rows.push(row);
+    }
+    let mut right = vec![false];
+    right.extend(std::iter::repeat_n(true, orders + 1));
+    fraglab_stdio::columns(&rows, &right)
 }

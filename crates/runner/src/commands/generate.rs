@@ -8,7 +8,10 @@ use crate::cli::{Cli, CompletionsArgs, ManArgs};
 use crate::exit::Exit;
 
 pub fn completions(args: CompletionsArgs) -> Result<Exit> {
-    clap_complete::generate(args.shell, &mut Cli::command(), "fraglab", &mut std::io::stdout());
+    // Into memory first: clap_complete panics when a write fails, and stdout may be a closed pipe.
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut Cli::command(), "fraglab", &mut script);
+    fraglab_stdio::write_stdout_bytes(&script);
     Ok(Exit::Ok)
 }
 
@@ -19,7 +22,11 @@ pub fn man(args: ManArgs) -> Result<Exit> {
             clap_mangen::generate_to(Cli::command(), &dir)
                 .with_context(|| format!("cannot write the man pages into {}", dir.display()))?;
         }
-        None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?,
+        None => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+            fraglab_stdio::write_stdout_bytes(&page);
+        }
     }
     Ok(Exit::Ok)
 }

@@ -51,7 +51,7 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
     let (mut available, skipped) = Monitor::available();
     let monitors: BTreeSet<Monitor> = if args.monitors.is_empty() {
         for s in &skipped {
-            eprintln!("fraglab probe: skipping {s}");
+            errln!("fraglab probe: skipping {s}");
         }
         if interval.is_some() {
             // Reading pagetypeinfo walks every free list with the zone lock held and interrupts
@@ -75,9 +75,9 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
     let Some(interval) = interval else {
         let snap = Snapshot::take(&monitors)?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&snap)?);
+            outln!("{}", serde_json::to_string_pretty(&snap)?);
         } else {
-            print!("{}", human(&snap));
+            out!("{}", human(&snap));
         }
         return Ok(Exit::Ok);
     };
@@ -113,7 +113,7 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
         }
     }
     if let Some(p) = &args.output {
-        eprintln!(
+        errln!(
             "fraglab probe: {n} samples in {:.1} s written to {}",
             start.elapsed().as_secs_f64(),
             p.display()
@@ -302,7 +302,7 @@ fn sockets(args: &ProbeArgs, proto: SocketsProto) -> Result<Exit> {
         if let Some(base) = &args.dump_to {
             let path = PathBuf::from(format!("{}.{}", base.display(), family.key()));
             std::fs::write(&path, &dump.raw).with_context(|| format!("cannot write {}", path.display()))?;
-            eprintln!(
+            errln!(
                 "fraglab probe: {} bytes of {} replies saved to {}",
                 dump.raw.len(),
                 family.name(),
@@ -344,7 +344,7 @@ fn sockets(args: &ProbeArgs, proto: SocketsProto) -> Result<Exit> {
             "wall": wall, "proto": proto.name(), "sockets": families, "without_memory": without_memory,
             "sum": sum, "held": held, "proto_mem_bytes": proto_mem, "top": top,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(Exit::Ok);
     }
     let mut o = format!("fraglab probe --sockets {} at {wall}\n", proto.name());
@@ -403,7 +403,7 @@ fn sockets(args: &ProbeArgs, proto: SocketsProto) -> Result<Exit> {
             o += &fmt(&r.iter().map(String::as_str).collect::<Vec<_>>());
         }
     }
-    print!("{o}");
+    out!("{o}");
     Ok(Exit::Ok)
 }
 

@@ -13,8 +13,8 @@ pub fn run(args: ReportArgs) -> Result<Exit> {
     std::fs::write(&tmp, &report.html).with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, &args.output).with_context(|| format!("cannot write {}", args.output.display()))?;
     for line in &report.summary {
-        eprintln!("{line}");
+        errln!("{line}");
     }
-    eprintln!("report: {} ({} KiB)", args.output.display(), report.html.len().div_ceil(1024));
+    errln!("report: {} ({} KiB)", args.output.display(), report.html.len().div_ceil(1024));
     Ok(Exit::Ok)
 }

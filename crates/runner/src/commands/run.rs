@@ -18,7 +18,7 @@ pub fn run(args: RunArgs, run_dir: &Path) -> Result<Exit> {
     match run_inner(&args, run_dir) {
         Ok(code) => Ok(code),
         Err(e) => {
-            eprintln!("fraglab: {e:#}");
+            errln!("fraglab: {e:#}");
             Ok(Exit::Error)
         }
     }
@@ -28,7 +28,7 @@ fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<Exit> {
     // Without root there are no PFNs in pagemap, no mlock budget, no sysctls, no tracefs: the run
     // cannot test anything, which bisect must count as "skip", not as an error.
     if !nix::unistd::geteuid().is_root() && !args.dry_run {
-        eprintln!(
+        errln!(
             "fraglab: fraglab run needs root (pagemap PFNs, mlock, sysctls, tracefs); could not test: run it with sudo"
         );
         return Ok(Exit::CouldNotTest);
@@ -48,15 +48,15 @@ fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<Exit> {
         plan.record.fragmenter = None;
     }
     if args.dry_run {
-        print!("{}", runplan::describe(&plan, machine.mem_available, crate::vm::init::in_guest()));
+        out!("{}", runplan::describe(&plan, machine.mem_available, crate::vm::init::in_guest()));
         if let Err(why) = pipeline::preflight(&plan, pipeline::Check::Look) {
-            println!(
+            outln!(
                 "could not test here: {why}; a real run stops with exit {} (could-not-test) before \
                  taking any memory or changing any sysctl",
                 Exit::CouldNotTest.code()
             );
         }
-        println!("dry run: nothing taken, nothing changed");
+        outln!("dry run: nothing taken, nothing changed");
         return Ok(Exit::Ok);
     }
     let stop = Arc::new(AtomicBool::new(false));
@@ -67,7 +67,7 @@ fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<Exit> {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
     let (verdict, results) = pipeline::run(&plan, run_dir, stop)?;
-    print!("{}", fraglab_report::summary::render(&results.dir)?);
-    eprintln!("results: {}", results.dir.display());
+    out!("{}", fraglab_report::summary::render(&results.dir)?);
+    errln!("results: {}", results.dir.display());
     Ok(Exit::from(verdict))
 }

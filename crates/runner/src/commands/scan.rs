@@ -150,12 +150,12 @@ pub fn run(args: ScanArgs) -> Result<Exit> {
     let text = String::from_utf8_lossy(&bytes);
     let report = scan(&text, &name);
     for w in &report.warnings {
-        eprintln!("fraglab scan: warning: {w}");
+        errln!("fraglab scan: warning: {w}");
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", human(&report));
+        out!("{}", human(&report));
     }
     Ok(Exit::Ok)
 }

@@ -18,18 +18,18 @@ pub fn run(args: WorkloadArgs) -> Result<Exit> {
     let result = match fraglab_workload::run(&args.kind, &AtomicBool::new(false)) {
         Ok(r) => r,
         Err(e) if e.downcast_ref::<fraglab_workload::Unsupported>().is_some() => {
-            eprintln!("fraglab: {e:#}");
+            errln!("fraglab: {e:#}");
             return Ok(Exit::CouldNotTest);
         }
         Err(e) => {
-            eprintln!("fraglab: {e:#}");
+            errln!("fraglab: {e:#}");
             return Ok(Exit::Error);
         }
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
+        outln!("{}", serde_json::to_string_pretty(&result)?);
     } else {
-        print!("{}", summary(&result));
+        out!("{}", summary(&result));
     }
     Ok(if result.failed > 0 { Exit::Failed } else { Exit::Ok })
 }

@@ -108,7 +108,7 @@ pub(super) fn run(args: &VmArgs) -> Result<Exit> {
     let (kernels, plan, ab_plan) = match checked {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("fraglab vm: {e:#}");
+            errln!("fraglab vm: {e:#}");
             return Ok(Exit::Error);
         }
     };
@@ -148,7 +148,7 @@ fn rounds(
 ) -> Result<Exit> {
     let dir = fraglab_results::dir::ResultsDir::create(&ab_plan.output, &format!("{}-ab", ab_plan.name))?.dir;
     let width = guests.iter().map(|(l, ..)| l.len()).max().unwrap_or(0);
-    eprintln!(
+    errln!(
         "fraglab vm: A/B of {}: {}; {} rounds each, interleaved; results in {}",
         ab_plan.name,
         guests
@@ -194,7 +194,7 @@ fn rounds(
             let _ = std::fs::remove_dir_all(&scratch);
             // The round keeps its console; the copy in the work directory is overwritten next boot.
             guest.forget_cited_console();
-            eprintln!(
+            errln!(
                 "round {n}/{}  {label:<width$}  {:<15} exit {:<3}  {seconds:>6.1} s  {}",
                 ab_plan.rounds,
                 r.verdict.name(),
@@ -206,7 +206,7 @@ fn rounds(
             let refused = r.exit == i32::from(Exit::Error.code()) && r.dir.is_none();
             rounds.push(r);
             if refused {
-                eprintln!(
+                errln!(
                     "fraglab vm: the guest's fraglab refused the command (exit 255; see {}): stopping the A/B",
                     round_dir.join(GUEST_OUTPUT).display()
                 );
@@ -262,13 +262,13 @@ fn rounds(
         comparison_missing: comparison.as_ref().err().map(String::as_str),
     };
     write(&dir.join("ab.json"), &(serde_json::to_string_pretty(&record)? + "\n"))?;
-    print!("{text}");
+    out!("{text}");
     match write_report(&dir, &sides, &rounds) {
-        Ok(Some(p)) => eprintln!("report: {}", p.display()),
+        Ok(Some(p)) => errln!("report: {}", p.display()),
         Ok(None) => {}
-        Err(e) => eprintln!("fraglab vm: no report: {e:#}"),
+        Err(e) => errln!("fraglab vm: no report: {e:#}"),
     }
-    eprintln!("results: {}", dir.display());
+    errln!("results: {}", dir.display());
     Ok(Exit::Guest(judgement.change.exit_code()))
 }
 

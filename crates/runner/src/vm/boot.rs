@@ -121,7 +121,7 @@ fn nodes_from(file: &Path) -> Result<Vec<u64>> {
         .enumerate()
         .map(|(i, n)| format!("node {i} {} MiB ({})", n.mib, n.zones.join(", ")))
         .collect();
-    eprintln!("fraglab vm: nodes from {}: {}", file.display(), each.join("; "));
+    errln!("fraglab vm: nodes from {}: {}", file.display(), each.join("; "));
     Ok(nodes.into_iter().map(|n| n.mib).collect())
 }
 
@@ -173,7 +173,7 @@ fn warn_if_results_stay_in_guest(r: &crate::cli::RunArgs) {
         }
     };
     if let Some(o) = output.filter(|o| !comes_back(o)) {
-        eprintln!(
+        errln!(
             "fraglab vm: the guest run writes its results under {}, outside /results: they will not come \
              back; give a relative -o DIR",
             o.display()
@@ -298,7 +298,7 @@ impl Guest {
             Ok(fs)
         });
         match built {
-            Ok(fs) if args.verbose => eprintln!(
+            Ok(fs) if args.verbose => errln!(
                 "fraglab vm: kernel {} ({}), initramfs {} in {}",
                 guest.kernel.image.display(),
                 guest.kernel.release.as_deref().unwrap_or("release unknown"),
@@ -327,7 +327,7 @@ impl Guest {
     pub(crate) fn clean_up(&self, keep: bool) {
         let work = &self.work;
         if keep {
-            eprintln!("fraglab vm: work directory kept: {}", work.display());
+            errln!("fraglab vm: work directory kept: {}", work.display());
         } else if work.join(CONSOLE_CITED).exists() {
             // Keep the console log the message pointed at; drop the bulky rest.
             for f in ["initramfs.cpio", "channel.sock"] {
@@ -356,7 +356,7 @@ fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<ini
     let mut fs = initramfs::Initramfs::new();
     let bin = guestbin::find(args.guest_fraglab.as_deref(), args.verbose)?;
     if args.verbose {
-        eprintln!("fraglab vm: guest fraglab: {} ({})", bin.path.display(), bin.how);
+        errln!("fraglab vm: guest fraglab: {} ({})", bin.path.display(), bin.how);
     }
     if bin.dynamic {
         fs.program("/bin/fraglab", &bin.path)?;
@@ -374,13 +374,13 @@ fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<ini
                 if tree.contains(d) && !wanted.iter().any(|w| w == d) {
                     wanted.push(d.to_string());
                 } else if !tree.contains(d) && !tree.is_builtin(d) && args.verbose {
-                    eprintln!("fraglab vm: {} has no {d} module", dir.display());
+                    errln!("fraglab vm: {} has no {d} module", dir.display());
                 }
             }
             for m in tree.resolve(&wanted)? {
                 let guest = format!("/lib/modules/{}.ko", m.name);
                 if args.verbose {
-                    eprintln!("fraglab vm: module {} from {}", m.name, m.source.display());
+                    errln!("fraglab vm: module {} from {}", m.name, m.source.display());
                 }
                 fs.bytes(&guest, m.object, 0o644)?;
                 module_paths.push(guest);
@@ -391,7 +391,7 @@ fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<ini
         }
         None => {
             if args.verbose {
-                eprintln!("fraglab vm: no modules tree for this kernel; none loaded");
+                errln!("fraglab vm: no modules tree for this kernel; none loaded");
             }
         }
     }
@@ -420,7 +420,7 @@ fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<ini
     }
     for c in &plan.carried {
         if args.verbose {
-            eprintln!("fraglab vm: carrying {} to {}", c.host.display(), c.guest);
+            errln!("fraglab vm: carrying {} to {}", c.host.display(), c.guest);
         }
         fs.host_file(&c.guest, &c.host).with_context(|| format!("carrying {}", c.host.display()))?;
         // The guest's kernel resolves `configs/../x.toml` by walking configs/ first: it must exist.
@@ -535,7 +535,7 @@ pub(crate) fn boot_and_report(args: &VmArgs, plan: &Plan, guest: &Guest, cache: 
                 .then_some(Duration::from_secs(20)),
         };
         if args.verbose {
-            eprintln!("fraglab vm: booting {} with {}", k.origin, accel.name());
+            errln!("fraglab vm: booting {} with {}", k.origin, accel.name());
         }
         let outcome = boot.run()?;
         if args.accel == AccelArg::Auto {
@@ -552,7 +552,7 @@ pub(crate) fn boot_and_report(args: &VmArgs, plan: &Plan, guest: &Guest, cache: 
                 let _ = std::fs::write(&memo, v);
             }
             if verdict == Some("tcg") {
-                eprintln!(
+                errln!(
                     "fraglab vm: KVM did not boot the guest on this host; using TCG (remembered in {})",
                     memo.display()
                 );
@@ -574,20 +574,20 @@ const CONSOLE_CITED: &str = "console-cited";
 fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<Exit> {
     let tail = |lines: &[String]| {
         if lines.is_empty() {
-            eprintln!("  | (nothing yet)");
+            errln!("  | (nothing yet)");
         }
         for l in lines {
-            eprintln!("  | {l}");
+            errln!("  | {l}");
         }
     };
     let cite = || {
         let _ = std::fs::write(work.join(CONSOLE_CITED), "");
-        eprintln!("fraglab vm: full console: {}", work.join("console.log").display());
+        errln!("fraglab vm: full console: {}", work.join("console.log").display());
     };
     match outcome {
         Outcome::Finished { verdict, results, boot, total, .. } => {
             if args.verbose {
-                eprintln!(
+                errln!(
                     "fraglab vm: init up after {:.1} s; guest done after {:.1} s; results archive {}",
                     boot.as_secs_f64(),
                     total.as_secs_f64(),
@@ -596,9 +596,9 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
             }
             match &verdict {
                 channel::Verdict::InitFailed(why) => {
-                    eprintln!("fraglab vm: the guest could not run the command: {why}")
+                    errln!("fraglab vm: the guest could not run the command: {why}")
                 }
-                channel::Verdict::TimedOut(at) => eprintln!(
+                channel::Verdict::TimedOut(at) => errln!(
                     "fraglab vm: timed out: the command was still running at {at} s of guest uptime (--timeout {}); \
                      killed, and what it had written is in --results",
                     args.timeout
@@ -632,21 +632,21 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
                         initramfs::unpack_except(&results, dir, &carried)?
                     };
                     if args.verbose {
-                        eprintln!("fraglab vm: {} result files in {}", files.len(), dir.display());
+                        errln!("fraglab vm: {} result files in {}", files.len(), dir.display());
                     }
                 }
                 None => {
                     let scratch = work.join("results");
                     let n = initramfs::unpack(&results, &scratch).map(|f| f.len()).unwrap_or(0);
                     if n > 0 {
-                        eprintln!("fraglab vm: the guest wrote {n} files under /results; pass --results DIR to keep them");
+                        errln!("fraglab vm: the guest wrote {n} files under /results; pass --results DIR to keep them");
                     }
                 }
             }
             Ok(Exit::Guest(verdict.exit_code()))
         }
         Outcome::NoVerdict { qemu_status, qemu_stderr, console_tail, panic } => {
-            eprintln!(
+            errln!(
                 "fraglab vm: the guest ended without a verdict ({}; qemu {qemu_status}). Last console lines:",
                 match &panic {
                     Some(line) => format!("kernel panic: {line}"),
@@ -655,13 +655,13 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
             );
             tail(&console_tail);
             if !qemu_stderr.trim().is_empty() {
-                eprintln!("fraglab vm: qemu said: {}", qemu_stderr.trim());
+                errln!("fraglab vm: qemu said: {}", qemu_stderr.trim());
             }
             cite();
             Ok(Exit::CouldNotTest)
         }
         Outcome::TimedOut { console_tail, init_started } => {
-            eprintln!(
+            errln!(
                 "fraglab vm: timed out after {} ({}); qemu killed. Last console lines:",
                 args.timeout,
                 if init_started { "the command did not finish" } else { "the guest never reached init" }
@@ -671,7 +671,7 @@ fn report(args: &VmArgs, plan: &Plan, outcome: Outcome, work: &Path) -> Result<E
             Ok(Exit::CouldNotTest)
         }
         Outcome::NoHello { console_tail } => {
-            eprintln!("fraglab vm: the guest never reached init under KVM. Last console lines:");
+            errln!("fraglab vm: the guest never reached init under KVM. Last console lines:");
             tail(&console_tail);
             Ok(Exit::CouldNotTest)
         }

@@ -49,7 +49,7 @@ pub fn find(explicit: Option<&Path>, verbose: bool) -> Result<GuestBin> {
                     how: format!("built static from {}", ws.display()),
                 })
             }
-            Err(e) => eprintln!(
+            Err(e) => errln!(
                 "fraglab vm: could not build a static fraglab ({e:#}); using this one with its libraries"
             ),
         }
@@ -95,14 +95,14 @@ fn build_static(ws: &Path, verbose: bool) -> Result<PathBuf> {
     // Up to date takes a fraction of a second; say something only when it is really building.
     let mut said = verbose;
     if verbose {
-        eprintln!("fraglab vm: cargo build of the static guest fraglab in {}", target_dir.display());
+        errln!("fraglab vm: cargo build of the static guest fraglab in {}", target_dir.display());
     }
     let status = loop {
         if let Some(s) = child.try_wait()? {
             break s;
         }
         if !said && started.elapsed() > Duration::from_secs(2) {
-            eprintln!(
+            errln!(
                 "fraglab vm: building a static fraglab for the guest (cargo, {}; a few minutes the first time)",
                 target_dir.display()
             );

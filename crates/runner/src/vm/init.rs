@@ -54,7 +54,7 @@ pub fn in_guest() -> bool {
 /// Never returns: the guest restarts, which ends qemu.
 pub fn run() -> ! {
     if std::process::id() != 1 {
-        eprintln!("fraglab vm --guest-init runs only as a guest's PID 1 (rdinit=)");
+        errln!("fraglab vm --guest-init runs only as a guest's PID 1 (rdinit=)");
         std::process::exit(2);
     }
     match Channel::open() {
@@ -70,7 +70,7 @@ pub fn run() -> ! {
             ch.finish(&verdict);
         }
         // The console is all we have; the host sees no verdict and shows the console's last lines.
-        Err(e) => eprintln!("fraglab vm init: cannot open the channel {CHANNEL_TTY}: {e:#}"),
+        Err(e) => errln!("fraglab vm init: cannot open the channel {CHANNEL_TTY}: {e:#}"),
     }
     end_guest()
 }
@@ -95,7 +95,7 @@ impl Channel {
 
     fn frame(&mut self, tag: Tag, payload: &[u8]) {
         if let Err(e) = channel::write_frame(&mut self.tty, tag, payload) {
-            eprintln!("fraglab vm init: channel write failed: {e}");
+            errln!("fraglab vm init: channel write failed: {e}");
         }
     }
 

@@ -184,7 +184,7 @@ fn debian_cloud(cache: &Path, abi: Option<&str>, verbose: bool) -> Result<Kernel
             let what = wanted.as_deref().unwrap_or("linux-image-cloud-amd64");
             match cached.pop() {
                 Some(d) => {
-                    eprintln!(
+                    errln!(
                         "fraglab vm: apt-cache does not know {what} (run `apt-get update`); using the cached {}",
                         d.display()
                     );
@@ -210,7 +210,7 @@ fn fetch(pkg: &str, version: &str, kernels: &Path, dir: &Path, verbose: bool) ->
     let tmp = kernels.join(format!(".fetch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
-    eprintln!("fraglab vm: fetching {pkg} {version} (Debian's cloud kernel) into {}", dir.display());
+    errln!("fraglab vm: fetching {pkg} {version} (Debian's cloud kernel) into {}", dir.display());
     let result = (|| -> Result<()> {
         run(Command::new("apt-get").args(["download", "-q", &format!("{pkg}={version}")]).current_dir(&tmp))
             .context("apt-get download (is this Debian with a reachable mirror?)")?;
@@ -222,7 +222,7 @@ fn fetch(pkg: &str, version: &str, kernels: &Path, dir: &Path, verbose: bool) ->
         let root = tmp.join("root");
         run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root)).context("dpkg-deb -x")?;
         if verbose {
-            eprintln!("fraglab vm: unpacked {}", deb.display());
+            errln!("fraglab vm: unpacked {}", deb.display());
         }
         // Another fraglab may have raced us here; either copy is as good.
         if std::fs::rename(&root, dir).is_err() && !dir.join("boot").is_dir() {

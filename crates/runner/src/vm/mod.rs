@@ -30,13 +30,13 @@ pub fn run(args: VmArgs) -> Result<Exit> {
         init::run();
     }
     if args.print_kconfig {
-        print!("{}", KCONFIG);
+        out!("{}", KCONFIG);
         return Ok(Exit::Ok);
     }
     match host(args) {
         Ok(code) => Ok(code),
         Err(e) => {
-            eprintln!("fraglab vm: {e:#}");
+            errln!("fraglab vm: {e:#}");
             Ok(Exit::CouldNotTest)
         }
     }

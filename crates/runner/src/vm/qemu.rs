@@ -129,7 +129,7 @@ impl Boot<'_> {
         listener.set_nonblocking(true)?;
         let args = self.args(&socket);
         if self.verbose {
-            eprintln!("fraglab vm: {} {}", self.qemu.display(), shell_words(&args));
+            errln!("fraglab vm: {} {}", self.qemu.display(), shell_words(&args));
         }
         // Before qemu starts: nothing may fail between spawning it and the loop that bounds it.
         let sink = match self.output {
@@ -204,7 +204,7 @@ impl Boot<'_> {
             }
             if verdict_at.is_some_and(|t| t.elapsed() > AFTER_VERDICT) {
                 if self.verbose {
-                    eprintln!("fraglab vm: qemu still running {AFTER_VERDICT:?} after the verdict; killed");
+                    errln!("fraglab vm: qemu still running {AFTER_VERDICT:?} after the verdict; killed");
                 }
                 let _ = child.kill();
                 break child.wait()?;
@@ -233,7 +233,7 @@ impl Boot<'_> {
         };
         let mut s = shared.lock().expect("channel state");
         if let Some(e) = &s.error {
-            eprintln!("fraglab vm: channel: {e}");
+            errln!("fraglab vm: channel: {e}");
         }
         Ok(match (killed, s.verdict.take()) {
             (Some(true), _) => Outcome::NoHello { console_tail },
@@ -272,7 +272,7 @@ fn console_reader(out: impl Read, log: &Path, console: &Mutex<Console>, verbose:
         }
         let text = String::from_utf8_lossy(&line).trim_end_matches(['\r', '\n']).to_string();
         if verbose {
-            eprintln!("console: {text}");
+            errln!("console: {text}");
         }
         let mut c = console.lock().expect("console");
         if c.panic.is_none() {
@@ -335,21 +335,17 @@ fn channel_reader(
             Tag::Stdout | Tag::Stderr if sink.is_some() => {
                 let _ = sink.as_mut().expect("checked").write_all(&payload);
             }
-            Tag::Stdout => {
-                let mut o = std::io::stdout().lock();
-                let _ = o.write_all(&payload);
-                let _ = o.flush();
-            }
+            Tag::Stdout => fraglab_stdio::write_stdout_bytes(&payload),
             Tag::Stderr => {
                 let _ = std::io::stderr().lock().write_all(&payload);
             }
             Tag::Log if verbose => {
-                eprintln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end())
+                errln!("fraglab vm: guest: {}", String::from_utf8_lossy(&payload).trim_end())
             }
             Tag::Log => {}
             Tag::Warn => {
                 let warning = String::from_utf8_lossy(&payload).trim_end().to_string();
-                eprintln!("fraglab vm: guest: {warning}");
+                errln!("fraglab vm: guest: {warning}");
                 shared.lock().expect("channel state").warnings.push(warning);
             }
             Tag::Results => shared.lock().expect("channel state").results.extend_from_slice(&payload),

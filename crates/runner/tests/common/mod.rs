@@ -299,3 +299,19 @@ impl Drop for Hog {
         unsafe { libc::munmap(self.ptr, self.len) };
     }
 }
+
+/// For guest scripts under `set -e`: `status NAME` writes `fraglab status --json` to NAME.json and
+/// its exit status to NAME.exit — a lost target exits 1, which must not end the script.
+pub const STATUS_SH: &str =
+    "status() { fraglab status --json > \"$1.json\" && echo 0 > \"$1.exit\" || echo $? > \"$1.exit\"; }\n";
+
+/// NAME.json of a [`STATUS_SH`] call, checked against NAME.exit: 0 exactly when the target holds
+/// now (and a hold that answers says whether it does).
+pub fn guest_status(dir: &Path, name: &str) -> serde_json::Value {
+    let s = read_json(&dir.join(format!("{name}.json")));
+    let exit = std::fs::read_to_string(dir.join(format!("{name}.exit")))
+        .unwrap_or_else(|e| panic!("{name}.exit: {e}"));
+    let holds = s["now"]["holds"].as_bool().unwrap_or_else(|| panic!("{name}.json says nothing of now: {s}"));
+    assert_eq!(exit.trim() == "0", holds, "{name}: exit {} for now {}", exit.trim(), s["now"]);
+    s
+}
