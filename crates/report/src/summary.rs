@@ -78,8 +78,20 @@ pub fn render_run(run: &Run) -> String {
         if let Some(t) = describe::traded(f.traded_bytes) {
             o += &format!("  {t}\n");
         }
-        for z in &f.buddyinfo_now.zones {
-            o += &format!("  buddyinfo Node {}, zone {:<8} {}\n", z.node, z.zone, describe::counts(&z.free));
+        let zones: Vec<Vec<String>> = f
+            .buddyinfo_now
+            .zones
+            .iter()
+            .map(|z| {
+                let mut row = vec![format!("buddyinfo Node {}, zone {}", z.node, z.zone)];
+                row.extend(z.free.iter().map(u64::to_string));
+                row
+            })
+            .collect();
+        let mut right = vec![false];
+        right.extend([true; 16]);
+        for line in fraglab_stdio::columns(&zones, &right) {
+            o += &format!("  {line}\n");
         }
         if let Some(k) = &f.keeping {
             o += &format!("  {}\n", describe::keeping(k));
@@ -113,20 +125,27 @@ pub fn render_run(run: &Run) -> String {
         }
     }
     if !table.is_empty() {
-        o += &format!(
-            "\n{:<40} {:<22} {:>3} {:>8} {:>12} {:>10}  errors\n",
-            "point", "workload", "n", "unit", "mean", "stddev"
-        );
         let mut rows: Vec<_> = table.iter().collect();
         rows.sort_by(|a, b| a.0 .0.by_value(&b.0 .0).then_with(|| a.0 .1.cmp(&b.0 .1)));
+        let mut cells =
+            vec![["point", "workload", "n", "unit", "mean", "stddev", "errors"].map(String::from).to_vec()];
         for ((point, kind), (values, unit, errors)) in rows {
             let (mean, sd) = mean_stddev(values);
             let errs = errors.iter().map(|(e, n)| format!("{e}×{n}")).collect::<Vec<_>>().join(" ");
-            o += &format!(
-                "{:<40} {kind:<22} {:>3} {unit:>8} {mean:>12.2} {sd:>10.2}  {errs}\n",
+            cells.push(vec![
                 point.label(),
-                values.len()
-            );
+                kind.clone(),
+                values.len().to_string(),
+                unit.to_string(),
+                format!("{mean:.2}"),
+                format!("{sd:.2}"),
+                errs,
+            ]);
+        }
+        o += "\n";
+        for line in fraglab_stdio::columns(&cells, &[false, false, true, true, true, true, false]) {
+            o += &line;
+            o += "\n";
         }
     }
     o += &skmem_table(run);
@@ -211,44 +230,28 @@ fn skmem_table(run: &Run) -> String {
         v.iter().map(|s| f(s)).sum::<f64>() / v.len() as f64
     };
     let size = |v: f64| fraglab_results::skmem::signed_size(v.round() as i64);
-    let cells: Vec<[String; 7]> = rows
-        .iter()
-        .map(|((point, kind), v)| {
-            [
-                point.label(),
-                kind.clone(),
-                format!("{:.0}", mean(v, &|s| s.sockets as f64)),
-                size(mean(v, &|s| s.per_socket_mean.f)),
-                size(mean(v, &|s| s.per_socket_max.f as f64)),
-                size(mean(v, &|s| s.held_max as f64)),
-                if v.iter().all(|s| s.proto_mem_max_bytes.is_some()) {
-                    size(mean(v, &|s| s.proto_mem_max_bytes.unwrap_or(0) as f64))
-                } else {
-                    "-".into()
-                },
-            ]
-        })
-        .collect();
     let head = ["point", "workload", "sockets", "f/socket", "f max", "held peak", "proto mem peak"];
-    let width: Vec<usize> = (0..7)
-        .map(|i| cells.iter().map(|c| c[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0))
-        .collect();
-    let line = |c: &[&str]| {
-        let mut l = String::new();
-        for (i, (cell, w)) in c.iter().zip(&width).enumerate() {
-            if i < 2 {
-                l += &format!("{cell:<w$} ");
+    let mut cells = vec![head.map(String::from).to_vec()];
+    cells.extend(rows.iter().map(|((point, kind), v)| {
+        vec![
+            point.label(),
+            kind.clone(),
+            format!("{:.0}", mean(v, &|s| s.sockets as f64)),
+            size(mean(v, &|s| s.per_socket_mean.f)),
+            size(mean(v, &|s| s.per_socket_max.f as f64)),
+            size(mean(v, &|s| s.held_max as f64)),
+            if v.iter().all(|s| s.proto_mem_max_bytes.is_some()) {
+                size(mean(v, &|s| s.proto_mem_max_bytes.unwrap_or(0) as f64))
             } else {
-                l += &format!("{cell:>w$} ");
-            }
-        }
-        l.trim_end().to_string() + "\n"
-    };
+                "-".into()
+            },
+        ]
+    }));
     let mut o =
         String::from("\nsocket memory (skmem of the workloads' own sockets, means over iterations)\n");
-    o += &line(&head);
-    for c in &cells {
-        o += &line(&c.iter().map(String::as_str).collect::<Vec<_>>());
+    for line in fraglab_stdio::columns(&cells, &[false, false, true, true, true, true, true]) {
+        o += &line;
+        o += "\n";
     }
     o
 }

@@ -39,8 +39,22 @@ fn by_the_keeper(f: &fraglab_probe::tracefs::AllocFailure, keeper_tid: i32) -> b
 pub use fraglab_results::record::Verdict;
 use fraglab_results::record::WindowTarget;
 
+/// A run an error stopped after it began, once it released and restored: run.json already says
+/// what ran, what was put back and why it stopped, and the summary can be printed from it.
+#[derive(Debug)]
+pub struct PartWay {
+    pub dir: std::path::PathBuf,
+}
+
+impl std::fmt::Display for PartWay {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "the run stopped part-way; what it had is in {}", self.dir.display())
+    }
+}
+
 /// Run the plan. Returns the verdict and the results directory; on an error part-way the directory
-/// is still left valid, its run.json marked incomplete with the error.
+/// is still left valid, its run.json marked incomplete with the error ([`PartWay`] when the run
+/// got to release and restore, so run.json has the phases and the restored sysctls).
 pub fn run(
     plan: &RunPlan,
     run_dir: &std::path::Path,
@@ -70,6 +84,9 @@ pub fn run(
     results.write_json("run.json", &record)?;
     let dir = results.dir.clone();
     let out = pipeline(plan, run_dir, restored, stop, results, record.clone()).map_err(|e| {
+        if e.is::<PartWay>() {
+            return e;
+        }
         let mut record = record;
         record.status = RunStatus::Incomplete;
         record.reason = format!("{e:#}");
@@ -163,9 +180,15 @@ fn pipeline(
     let mut interrupted = None;
     let mut failed_to_run = Vec::new();
 
+    let mut refused = None;
     'points: for point in &plan.points {
         for (name, value) in &point.sysctls {
-            kernel.set_sysctl(name, value)?;
+            // A value the kernel refuses ends the sweep here, but not the run's record: what ran,
+            // the release and what was put back are still written.
+            if let Err(e) = kernel.set_sysctl(name, value) {
+                refused = Some(e.context(format!("sweep point {}", point.label)));
+                break 'points;
+            }
         }
         for iteration in 1..=plan.iterations {
             for (index, w) in point.workloads.iter().enumerate() {
@@ -270,6 +293,14 @@ fn pipeline(
     results.write_json("final.json", &Versioned::now(Snapshot::take(&Monitor::available().0)?))?;
     phases.end();
     record.phases = phases.done();
+    if let Some(e) = refused {
+        record.status = RunStatus::Incomplete;
+        record.reason = format!("{e:#}");
+        record.errors.push(format!("{e:#}"));
+        record.finished = Some(fraglab_results::workload::wall_now());
+        results.write_json("run.json", &record)?;
+        return Err(e.context(PartWay { dir: results.dir.clone() }));
+    }
 
     let (mut verdict, mut reason) =
         verdict(&plan.expect, plan.catch_min_order, &workloads, &failures, &kernel_log);

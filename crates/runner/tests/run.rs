@@ -94,6 +94,59 @@ fn every_shipped_config_resolves() {
     );
 }
 
+/// A sweep value the kernel refuses (`[1, "banana"]`) ends the run at that point, exit 255, but
+/// not its record: the point that ran is in workloads.json and the phases, the sysctl is put back
+/// and run.json and the summary say so, with the error.
+#[test]
+fn a_sweep_value_the_kernel_refuses_ends_the_run_with_its_record_whole() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knob = "/proc/sys/net/core/high_order_alloc_disable";
+    let before = std::fs::read_to_string(knob).unwrap();
+    let dir = scratch("refused");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("refused.toml");
+    let results = dir.join("results");
+    std::fs::write(
+        &config,
+        format!(
+            "[run]\nname = \"refused\"\noutput = \"{}\"\n\n[probe]\ninterval = \"100ms\"\nkmsg = false\n\n\
+             [[workload]]\nkind = \"tcp-rr\"\nduration = \"200ms\"\n\n\
+             [sweep]\nsysctl.\"net.core.high_order_alloc_disable\" = [1, \"banana\"]\n",
+            results.display()
+        ),
+    )
+    .unwrap();
+    let out = fraglab(&dir, &["run", config.to_str().unwrap()]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(255), "{stdout}\n{stderr}");
+    assert_eq!(std::fs::read_to_string(knob).unwrap(), before, "restored");
+    assert!(stderr.contains("the run stopped part-way") && stderr.contains("\"banana\""), "{stderr}");
+    let run_dir = std::fs::read_dir(&results).unwrap().next().unwrap().unwrap().path();
+    let run = common::read_json(&run_dir.join("run.json"));
+    assert_eq!(run["status"], "incomplete", "{run}");
+    assert!(run["verdict"].is_null(), "{run}");
+    assert!(run["reason"].as_str().unwrap().contains("banana"), "{run}");
+    let restored = run["sysctls_restored"].as_array().unwrap();
+    assert!(
+        restored.iter().any(|r| r.as_str().unwrap().starts_with("net.core.high_order_alloc_disable")),
+        "{run}"
+    );
+    let phases: Vec<&str> =
+        run["phases"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert!(phases.contains(&"release") && phases.contains(&"final"), "{phases:?}");
+    assert_eq!(run["phases"].as_array().unwrap().iter().filter(|p| p.get("workload").is_some()).count(), 1);
+    let workloads = common::read_json(&run_dir.join("workloads.json"));
+    assert_eq!(workloads["workloads"].as_array().unwrap().len(), 1, "{workloads}");
+    // The summary of what ran, its error and what was put back.
+    assert!(stdout.contains("tcp-rr"), "{stdout}");
+    assert!(
+        stdout.contains("error: sweep point sysctl.net.core.high_order_alloc_disable=banana"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("restored net.core.high_order_alloc_disable"), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Whether this kernel opens SCTP sockets (the check a run's preflight makes).
 fn sctp_here() -> bool {
     // SAFETY: a plain socket(2) call; the descriptor is closed at once.
@@ -327,6 +380,13 @@ fn a_two_axis_sweep_over_a_multi_word_sysctl_keeps_every_point_apart() {
                 "{l}:\n{stdout}"
             );
         }
+    }
+    // Labels longer than any fixed column: every row's next column starts where the header's does.
+    let at = |line: &str, word: &str| line.find(word).map(|b| line[..b].chars().count());
+    let head = table.lines().find(|l| l.starts_with("point ")).expect("the workloads table's header");
+    let column = at(head, "workload").unwrap();
+    for l in table.lines().filter(|l| l.starts_with("threads=")) {
+        assert_eq!(at(l, "tcp-stream"), Some(column), "{l}\n{table}");
     }
     // compare against itself: every metric at four distinct points, labelled whole.
     let out =

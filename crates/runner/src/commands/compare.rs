@@ -262,28 +262,11 @@ fn count_rows(rows: &[fraglab_report::compare::CountRow]) -> Vec<Vec<String>> {
 /// right-aligned when `right` (counts) and left-aligned otherwise (composite cells).
 fn columns(rows: &[Vec<String>], right: bool) -> String {
     let n = rows.iter().map(|r| r.len()).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..n)
-        .map(|i| rows.iter().filter_map(|r| r.get(i)).map(|c| c.chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut o = String::new();
-    for r in rows {
-        let mut line = String::from(" ");
-        for (i, c) in r.iter().enumerate() {
-            let pad = " ".repeat(widths[i] - c.chars().count());
-            line += " ";
-            if right && i > 0 {
-                line += &pad;
-                line += c;
-            } else {
-                line += c;
-                line += &pad;
-            }
-            line += " ";
-        }
-        o += line.trim_end();
-        o += "\n";
-    }
-    o
+    let align: Vec<bool> = (0..n).map(|i| right && i > 0).collect();
+    fraglab_stdio::columns(rows, &align)
+        .iter()
+        .map(|l| if l.is_empty() { "\n".to_string() } else { format!("  {l}\n") })
+        .collect()
 }
 
 pub fn text(c: &Comparison) -> String {

@@ -66,7 +66,16 @@ fn run_inner(args: &RunArgs, run_dir: &Path) -> Result<Exit> {
         signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))?;
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
-    let (verdict, results) = pipeline::run(&plan, run_dir, stop)?;
+    let (verdict, results) = match pipeline::run(&plan, run_dir, stop) {
+        Ok(done) => done,
+        Err(e) => {
+            // What ran before the error, and what was put back, as for any run.
+            if let Some(p) = e.downcast_ref::<pipeline::PartWay>() {
+                out!("{}", fraglab_report::summary::render(&p.dir)?);
+            }
+            return Err(e);
+        }
+    };
     out!("{}", fraglab_report::summary::render(&results.dir)?);
     errln!("results: {}", results.dir.display());
     Ok(Exit::from(verdict))
