@@ -217,6 +217,15 @@ fn broken_configs_are_refused_clearly_and_change_nothing() {
         ("nothing-to-do.toml", "nothing to do"),
         ("decimal-size.toml", "binary units"),
         ("zero-iterations.toml", "[run] iterations"),
+        (
+            "expect-unknown.toml",
+            "unknown field `order`, expected one of `errno`, `failed_order`, `failed_in`",
+        ),
+        ("missing-kind.toml", ":4:1: [[workload]] #1: every [[workload]] needs kind"),
+        ("bad-pin.toml", ":7:7: [fragment] pin = \"glue\""),
+        ("wl-wrong-type.toml", ":4:1: [[workload]] #1: invalid type: string \"two\""),
+        ("bad-trigger.toml", ":7:1: [[workload]] #2: unknown variant `pipe-resiz`"),
+        ("sweep-empty.toml", ":8:11: [sweep] threads: an empty list sweeps nothing"),
     ];
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bad-configs");
     assert_eq!(
