@@ -277,6 +277,35 @@ fn no_crate_has_a_module_cycle() {
 }
 
 /// The reader itself, on code it must get right.
+/// No crate prints with std's macros, which panic on a closed pipe (`fraglab status | head -1`);
+/// fraglab-stdio's print the same way and never do. Tests inside a crate may: the harness reads them.
+#[test]
+fn no_crate_prints_with_macros_that_panic() {
+    let crates = common::repo().join("crates");
+    let mut found = Vec::new();
+    for c in std::fs::read_dir(&crates).unwrap() {
+        let src = c.unwrap().path().join("src");
+        if !src.is_dir() || src.starts_with(crates.join("stdio")) {
+            continue;
+        }
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        for f in files {
+            let code = code(&std::fs::read_to_string(&f).unwrap());
+            for l in code.lines() {
+                let bare = |m: &str| {
+                    l.match_indices(m)
+                        .any(|(i, _)| !l[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+                };
+                if ["println!", "eprintln!", "print!", "eprint!"].iter().any(|m| bare(m)) {
+                    found.push(format!("{}: {}", f.display(), l.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "std's print macros (use outln!/errln!):\n{}", found.join("\n"));
+}
+
 #[test]
 fn the_reader_resolves_paths_lists_and_super() {
     let modules: BTreeSet<String> = ["", "a", "a::b", "c"].iter().map(|s| s.to_string()).collect();
