@@ -763,9 +763,10 @@ impl Fragmenter {
         Ok(&self.status)
     }
 
-    /// Whether the target holds at this refresh: not once memory was given back or a kept page
-    /// moved (those do not come back), nor while a zone in play has a free block at or above the
-    /// keeper's order (the keeper modes; regions mode only reports blocks outside its regions).
+    /// Whether the target holds at this refresh: not once the keeper's record has it lost for good
+    /// (memory given back; in regions mode a kept page moved or PFNs hidden), nor in regions mode
+    /// while a kept page is seen moved, nor in the keeper's modes while a zone in play has a free
+    /// block at or above its order (regions mode only reports blocks outside its regions).
     fn now(&self, keeping: &Keeping) -> Result<Now> {
         let b = &self.status.buddyinfo_now;
         let regions = keeping.how == Keep::Regions;

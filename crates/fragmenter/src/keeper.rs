@@ -510,7 +510,8 @@ impl Keeper {
         why
     }
 
-    /// Why the target is lost for good (memory given back, a kept page moved), if it is.
+    /// Why the target is lost for good (memory given back, a kept page moved, PFNs hidden, more
+    /// losses than the record keeps), if it is.
     pub fn lost_for_good(&self) -> Option<String> {
         let t = lock(&self.timeline);
         t.losses.last().filter(|l| l.end_ns.is_none() && l.pages == u64::MAX).map(|l| l.why.clone())

@@ -89,7 +89,7 @@ pub fn render_run(run: &Run) -> String {
             })
             .collect();
         let mut right = vec![false];
-        right.extend([true; 16]);
+        right.extend(std::iter::repeat_n(true, f.buddyinfo_now.nr_orders()));
         for line in fraglab_stdio::columns(&zones, &right) {
             o += &format!("  {line}\n");
         }

@@ -217,8 +217,8 @@ pub struct StatusArgs {
     /// Print the status as JSON (with --watch: one object a line).
     #[arg(long)]
     pub json: bool,
-    /// Ask again every DURATION (1s, 250ms) and print a line each time, until the hold ends or
-    /// Ctrl-C; exit by the last answer.
+    /// Ask again every DURATION (1s, 250ms) and print a line each time, until Ctrl-C or nobody
+    /// reads (exit by the last answer) or the hold ends (exit 1).
     #[arg(long, value_name = "DURATION", value_parser = fraglab_units::parse_duration)]
     pub watch: Option<Duration>,
 }

@@ -412,7 +412,8 @@ fn memory_pressure_while_holding_gives_memory_back_before_the_oom_killer() {
     assert_eq!(s["now"]["holds"], false, "{s}");
     let gave = s["give_backs"].as_array().unwrap();
     assert!(!gave.is_empty() && gave.iter().all(|g| g["bytes"].as_u64().unwrap() > 0), "{s}");
-    assert!(gave.iter().all(|g| g["mem_available_bytes"].as_u64() < g["floor_bytes"].as_u64()), "{s}");
+    let bytes = |g: &serde_json::Value, k: &str| g[k].as_u64().unwrap_or_else(|| panic!("{k} in {g}"));
+    assert!(gave.iter().all(|g| bytes(g, "mem_available_bytes") < bytes(g, "floor_bytes")), "{s}");
     let human = fraglab(&dir, &["status"]);
     assert_eq!(human.status.code(), Some(1));
     let text = String::from_utf8_lossy(&human.stdout);

@@ -30,7 +30,7 @@ pub fn stdout_lost() -> bool {
     STDOUT_LOST.load(Ordering::Relaxed)
 }
 
-/// Write to stdout, flushing a whole line at once (what `print!` does), unless it already failed.
+/// Write to stdout and flush, so a failed write is seen here, unless stdout already failed.
 pub fn write_stdout(args: fmt::Arguments) {
     on_stdout(|out| out.write_fmt(args));
 }
