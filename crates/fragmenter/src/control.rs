@@ -41,11 +41,18 @@ pub fn listen(dir: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
-/// Accept and answer every pending connection; `answer` turns a request into a JSON reply. Returns
-/// true when a release was requested. A bad peer or request gets an error reply and changes nothing.
+/// Connections answered in one call at most: a client that keeps connecting (a tight loop of
+/// `fraglab status`) must not keep the holder from its keeper's looks and its guard; the rest wait
+/// in the backlog for the next call, 10 ms on.
+pub const MAX_PER_SERVE: usize = 8;
+
+/// Accept and answer the pending connections, at most [`MAX_PER_SERVE`]; `answer` turns a request
+/// into a JSON reply. Returns true when a release was requested. A bad peer or request gets an
+/// error reply and changes nothing.
 pub fn serve_pending(listener: &UnixListener, mut answer: impl FnMut(&Request) -> serde_json::Value) -> bool {
     let mut release = false;
-    while let Ok((stream, _)) = listener.accept() {
+    for _ in 0..MAX_PER_SERVE {
+        let Ok((stream, _)) = listener.accept() else { break };
         let reply = match read_request(&stream) {
             Ok(req) => {
                 release |= req == Request::Release;
@@ -83,6 +90,17 @@ fn read_request(stream: &UnixStream) -> Result<Request> {
     })
 }
 
+/// Nothing answers on the socket: no fragmenter holds in this run directory (none started, or the
+/// one that did has let go — released, stopped, or dead). Every other error of [`call`] is a
+/// holder that is there but did not answer as it should.
+#[derive(Debug, thiserror::Error)]
+#[error("no fraglab is holding memory (cannot connect to {})", path.display())]
+pub struct NotHolding {
+    path: std::path::PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
 /// Send one request to the fragmenter holding `dir` and return its reply.
 pub fn call(dir: &Path, req: &Request) -> Result<serde_json::Value> {
     call_within(dir, req, REPLY_WAIT)
@@ -90,8 +108,7 @@ pub fn call(dir: &Path, req: &Request) -> Result<serde_json::Value> {
 
 fn call_within(dir: &Path, req: &Request, wait: Duration) -> Result<serde_json::Value> {
     let path = dir.join(SOCKET);
-    let stream = UnixStream::connect(&path)
-        .with_context(|| format!("no fraglab is holding memory (cannot connect to {})", path.display()))?;
+    let stream = UnixStream::connect(&path).map_err(|source| NotHolding { path: path.clone(), source })?;
     stream.set_read_timeout(Some(wait))?;
     let mut s = &stream;
     writeln!(s, "{}", serde_json::to_string(req)?)?;
@@ -149,5 +166,49 @@ mod tests {
         drop(client);
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(format!("{err:#}"), "no request within the 2s bound");
+    }
+
+    /// Clients that keep connecting get answered a few at a time: the holder goes back to its
+    /// keeper and guard between, and the rest are answered on the next calls, none lost. The
+    /// count varies, so no figure lines up by chance.
+    #[test]
+    fn a_crowd_of_clients_is_answered_a_few_at_a_time() {
+        for clients in [1, MAX_PER_SERVE, MAX_PER_SERVE + 1, 3 * MAX_PER_SERVE + 5] {
+            let dir =
+                std::env::temp_dir().join(format!("fraglab-control-crowd-{}-{clients}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let listener = listen(&dir).unwrap();
+            let streams: Vec<UnixStream> = (0..clients)
+                .map(|_| {
+                    let mut s = UnixStream::connect(dir.join(SOCKET)).unwrap();
+                    writeln!(s, "{}", serde_json::to_string(&Request::Status).unwrap()).unwrap();
+                    // All it will send, as `call` does by reading and closing: the holder need not
+                    // wait out its bound for more.
+                    s.shutdown(std::net::Shutdown::Write).unwrap();
+                    s
+                })
+                .collect();
+            let mut answered = Vec::new();
+            loop {
+                let mut n = 0;
+                serve_pending(&listener, |_| {
+                    n += 1;
+                    serde_json::json!({ "ok": true })
+                });
+                if n == 0 {
+                    break;
+                }
+                answered.push(n);
+            }
+            std::fs::remove_dir_all(&dir).unwrap();
+            assert!(answered.iter().all(|&n| n <= MAX_PER_SERVE), "{clients} clients: {answered:?}");
+            assert_eq!(answered.iter().sum::<usize>(), clients, "{answered:?}");
+            assert_eq!(answered.len(), clients.div_ceil(MAX_PER_SERVE), "{answered:?}");
+            for s in streams {
+                let mut line = String::new();
+                BufReader::new(&s).read_line(&mut line).unwrap();
+                assert_eq!(line.trim(), r#"{"ok":true}"#);
+            }
+        }
     }
 }

@@ -270,11 +270,13 @@ pub struct Now {
     pub why: Option<String>,
     /// The order at or above which a free block is a loss ([`Keeping::order`]).
     pub order: usize,
-    /// Per zone: free pages at or above `order`, and whether the zone counts (regions mode counts
-    /// none: there the kept pages, not free blocks elsewhere, say whether it holds).
+    /// Per zone at the keeper's last look: free pages at or above `order`, and whether the zone
+    /// counts (regions mode counts none: there the kept pages, not free blocks elsewhere, say
+    /// whether it holds).
     pub zones: Vec<ZoneAbove>,
-    /// Memory the holder has locked now (smaps' `Locked`): pages compaction cannot move.
-    pub locked_bytes: u64,
+    /// Memory the holder has locked now (smaps' `Locked`): pages compaction cannot move. `None`
+    /// when smaps_rollup could not be read (a kernel without it, before 4.14).
+    pub locked_bytes: Option<u64>,
 }
 
 /// A fragmenter holding memory in shape.
@@ -763,38 +765,37 @@ impl Fragmenter {
         Ok(&self.status)
     }
 
-    /// Whether the target holds at this refresh: not once the keeper's record has it lost for good
-    /// (memory given back; in regions mode a kept page moved or PFNs hidden), nor in regions mode
-    /// while a kept page is seen moved, nor in the keeper's modes while a zone in play has a free
-    /// block at or above its order (regions mode only reports blocks outside its regions).
+    /// Whether the target holds, as the keeper's record has it (the record a run's verdict is judged
+    /// by, so status and verdict never disagree): not while its last loss is open — a free block at
+    /// or above the order in a zone in play that the keeper could not take back, or a loss for good
+    /// (memory given back; in regions mode a kept page moved or PFNs hidden) — nor in regions mode
+    /// while this refresh finds a kept page moved. Fresh when the keeper has just looked
+    /// ([`Fragmenter::look_for_status`]).
     fn now(&self, keeping: &Keeping) -> Result<Now> {
-        let b = &self.status.buddyinfo_now;
-        let regions = keeping.how == Keep::Regions;
-        let zones: Vec<ZoneAbove> = crate::keeper::above(b, keeping.order)
-            .into_iter()
-            .map(|z| ZoneAbove { in_play: z.in_play && !regions, ..z })
-            .collect();
+        let (zones, open) = {
+            let t = self.keeper.timeline();
+            let t = crate::keeper::lock(&t);
+            (t.now.clone(), t.losses.last().filter(|l| l.end_ns.is_none()).map(|l| l.why.clone()))
+        };
         let why = if let Some(lost) = &self.status.target_lost {
             Some(lost.clone())
-        } else if let Some(for_good) = self.keeper.lost_for_good() {
-            Some(for_good)
-        } else if regions && self.status.moved_pages > 0 {
+        } else if open.is_some() {
+            open
+        } else if keeping.how == Keep::Regions && self.status.moved_pages > 0 {
             Some(format!(
                 "{} kept pages moved (migrated): the regions they kept may hold free blocks of order ≥ {}",
                 self.status.moved_pages, keeping.order
             ))
-        } else if zones.iter().any(|z| z.in_play && z.pages > 0) {
-            Some(crate::keeper::describe(b, keeping.order))
         } else {
             None
         };
         // smaps' Locked (resident pages in mlocked mappings), not status' VmLck: with
         // MLOCK_ONFAULT VmLck counts whole mappings, pages the cut freed included (640 MiB for a
-        // 256 MiB budget that keeps 16 MiB).
+        // 256 MiB budget that keeps 16 MiB). A figure to show, not one to fail a status for.
         let locked_bytes = procfs::process::Process::myself()
             .and_then(|p| p.smaps_rollup())
-            .map(|r| r.memory_map_rollup.0.iter().filter_map(|m| m.extension.map.get("Locked")).sum())
-            .context("reading /proc/self/smaps_rollup for Locked")?;
+            .ok()
+            .map(|r| r.memory_map_rollup.0.iter().filter_map(|m| m.extension.map.get("Locked")).sum());
         Ok(Now {
             at_ns: fraglab_probe::snapshot::monotonic_ns()?,
             holds: why.is_none(),
@@ -803,6 +804,18 @@ impl Fragmenter {
             zones,
             locked_bytes,
         })
+    }
+
+    /// A look before answering `fraglab status`, so its answer is the keeper's record as of now: the
+    /// keeper's own look (a buddyinfo read, and any re-break it calls for), except in regions mode,
+    /// where that look reads the pagemap of everything held — the refresh that follows does that
+    /// already, and a `status --watch 100ms` must not make the holder spend a core on it.
+    pub fn look_for_status(&mut self) -> Result<Option<String>> {
+        if self.keeper.how() == Keep::Regions {
+            self.keep()
+        } else {
+            self.keep_now()
+        }
     }
 
     /// One look of the keeper ([`crate::keeper`]): every [`crate::keeper::KEEP_EVERY`] while

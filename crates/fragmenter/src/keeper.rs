@@ -150,7 +150,8 @@ pub struct ZoneAbove {
     /// `Node 0, zone DMA32`.
     pub zone: String,
     pub pages: u64,
-    /// Whether it counts against the target (zones in play), or is only reported.
+    /// Whether it counts against the target (a zone in play: not DMA; and none in regions mode,
+    /// where the kept pages decide), or is only reported.
     pub in_play: bool,
 }
 
@@ -319,6 +320,12 @@ impl Keeper {
         self.status.tid
     }
 
+    /// What "the target holds" means for this hold now (a keeper that had to stop re-breaking
+    /// watches).
+    pub fn how(&self) -> Keep {
+        self.status.how
+    }
+
     /// Whether free blocks that form are still taken back (not stopped for pressure, descriptors,
     /// or an error).
     pub fn rebreaking(&self) -> bool {
@@ -370,7 +377,11 @@ impl Keeper {
         let before = self.last_look_ns();
         let now_ns = fraglab_probe::snapshot::monotonic_ns()?;
         let b = BuddyInfo::read()?;
-        let zones = above(&b, self.status.order);
+        let mut zones = above(&b, self.status.order);
+        if self.status.how == Keep::Regions {
+            // There the kept pages decide; free blocks elsewhere are only reported.
+            zones.iter_mut().for_each(|z| z.in_play = false);
+        }
         {
             let mut t = lock(&self.timeline);
             t.now = zones.clone();
@@ -409,11 +420,15 @@ impl Keeper {
         }
         self.backoff_until = None;
         let said = self.rebreak(&b)?;
-        let after = BuddyInfo::read()?;
-        let left: u64 = above(&after, self.status.order).iter().filter(|z| z.in_play).map(|z| z.pages).sum();
+        // What is left after re-breaking is what the record says now (status shows it as the zones).
+        let after = above(&BuddyInfo::read()?, self.status.order);
+        let left: u64 = after.iter().filter(|z| z.in_play).map(|z| z.pages).sum();
+        let mut t = lock(&self.timeline);
+        t.now = after;
         if left == 0 {
-            lock(&self.timeline).close(fraglab_probe::snapshot::monotonic_ns()?);
+            t.close(fraglab_probe::snapshot::monotonic_ns()?);
         }
+        drop(t);
         Ok(said)
     }
 
@@ -508,13 +523,6 @@ impl Keeper {
         self.status.how = Keep::Watch;
         self.status.note = Some(why.clone());
         why
-    }
-
-    /// Why the target is lost for good (memory given back, a kept page moved, PFNs hidden, more
-    /// losses than the record keeps), if it is.
-    pub fn lost_for_good(&self) -> Option<String> {
-        let t = lock(&self.timeline);
-        t.losses.last().filter(|l| l.end_ns.is_none() && l.pages == u64::MAX).map(|l| l.why.clone())
     }
 
     /// Memory pressure: the guard gave memory back, so the target is gone for the rest of the hold,

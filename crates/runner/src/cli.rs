@@ -217,10 +217,26 @@ pub struct StatusArgs {
     /// Print the status as JSON (with --watch: one object a line).
     #[arg(long)]
     pub json: bool,
-    /// Ask again every DURATION (1s, 250ms) and print a line each time, until Ctrl-C or nobody
-    /// reads (exit by the last answer) or the hold ends (exit 1).
-    #[arg(long, value_name = "DURATION", value_parser = fraglab_units::parse_duration)]
+    /// Ask again every DURATION (1s, 250ms; at least 100ms) and print a line each time, until
+    /// Ctrl-C or nobody reads (exit by the last answer) or the hold ends (exit 1).
+    #[arg(long, value_name = "DURATION", value_parser = watch_interval)]
     pub watch: Option<Duration>,
+}
+
+/// The shortest `status --watch` interval: each answer costs the holder a buddyinfo read and a
+/// refresh of its whole account, between its 10 ms looks and its guard.
+pub const MIN_WATCH: Duration = Duration::from_millis(100);
+
+fn watch_interval(text: &str) -> Result<Duration, String> {
+    let every = fraglab_units::parse_duration(text)?;
+    if every < MIN_WATCH {
+        return Err(format!(
+            "{text:?} is shorter than {}: every answer takes the holder's time from keeping the target and \
+             guarding memory; ask at most ten times a second",
+            humantime::format_duration(MIN_WATCH)
+        ));
+    }
+    Ok(every)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -19,7 +19,8 @@ pub enum Exit {
     /// 130: stopped by a signal, results incomplete; above 127, so `git bisect run` stops.
     Interrupted,
     /// 255: a mistyped flag (any command), or `run`, `compare` and `workload` could not run at all
-    /// (a bad config, unreadable results); `git bisect run` stops.
+    /// (a bad config, unreadable results), or a command whose output is its answer (probe, scan,
+    /// compare, `fragment --dry-run`, completions, man) could not write it; `git bisect run` stops.
     Error,
     /// `fraglab vm`: the guest command's own status, passed through.
     Guest(u8),

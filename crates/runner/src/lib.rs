@@ -34,17 +34,20 @@ pub fn main() -> ExitCode {
     // Commands that only read files and print die quietly when their reader goes away (`fraglab scan LOG |
     // head`), as cat does; Rust ignores SIGPIPE and would panic on the write instead. Not for the
     // ones that hold memory, change sysctls or use sockets: they must get EPIPE and clean up.
-    if matches!(
+    let reads_only = matches!(
         cli.command,
         cli::Command::Probe(_)
             | cli::Command::Scan(_)
             | cli::Command::Compare(_)
             | cli::Command::Completions(_)
             | cli::Command::Man(_)
-    ) {
+    );
+    if reads_only {
         // SAFETY: restoring a signal's default disposition before any thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
+    // What these print is all they do: output lost to a full disk means they did not do their job.
+    let prints_only = reads_only || matches!(&cli.command, cli::Command::Fragment(a) if a.dry_run);
     // Whatever a SIGKILLed fraglab left changed is put back before anything else happens.
     recover_after_dead_fraglabs(&cli.run_dir);
     let result = match cli.command {
@@ -64,8 +67,10 @@ pub fn main() -> ExitCode {
     };
     match result {
         // Output asked for and lost (a full disk) is a failure a script must see; a reader that
-        // went away (`| head`) is not.
-        Ok(Exit::Ok) if fraglab_stdio::stdout_lost() => Exit::Failed.into(),
+        // went away (`| head`) is not. Only for the commands whose output is the answer: 255, not
+        // 1, which would read as a verdict. Every other command's exit status says what it did
+        // (run: its verdict; status: whether the target holds), whatever became of the text.
+        Ok(Exit::Ok) if prints_only && fraglab_stdio::stdout_lost() => Exit::Error.into(),
         Ok(exit) => exit.into(),
         Err(e) => {
             errln!("fraglab: {e:#}");

@@ -12,11 +12,11 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{command, read_json, repo, sysctls_at_rest, wait_until};
+use common::{collect, command, read_json, repo, sysctls_at_rest, wait_until};
 
 /// Runs and holds take the machine's memory and sysctls: one at a time in this file.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -61,24 +61,33 @@ fn run_closed(dir: &Path, args: &[&str], closed: Closed) -> (ExitStatus, String)
         Closed::Both => c.stdout(closed_pipe()).stderr(closed_pipe()),
     };
     let mut child = c.spawn().unwrap();
-    let mut kept = String::new();
-    if let Some(mut s) = child.stderr.take() {
-        s.read_to_string(&mut kept).unwrap();
-    }
-    if let Some(mut s) = child.stdout.take() {
-        s.read_to_string(&mut kept).unwrap();
-    }
+    // Read on other threads, so a command that never ends meets the bound instead of hanging here.
+    let kept = match (child.stdout.take(), child.stderr.take()) {
+        (Some(s), _) => collect(s),
+        (_, Some(s)) => collect(s),
+        (None, None) => collect(std::io::empty()),
+    };
     let start = Instant::now();
-    loop {
+    let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
-            return (status, kept);
+            break status;
         }
         if start.elapsed() > BOUND {
             let _ = child.kill();
-            panic!("fraglab {args:?} with {closed:?} closed did not end within {BOUND:?}: {kept}");
+            panic!(
+                "fraglab {args:?} with {closed:?} closed did not end within {BOUND:?}: {}",
+                kept.lock().unwrap()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
+    };
+    // What it wrote is all in the pipe once it ended; the reader has it within a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Arc::strong_count(&kept) > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
     }
+    let text = kept.lock().unwrap().clone();
+    (status, text)
 }
 
 fn check(dir: &Path, args: &[&str], ends: Ends) {
@@ -138,6 +147,7 @@ fn commands_that_print_and_end_survive_a_closed_pipe() {
         // Bad input: 255, said on stderr (or not at all when stderr is closed).
         (&["workload", "tcp-rr", "--threads", "abc"], Code(255)),
         (&["status", "--watch", "soon"], Code(255)),
+        (&["status", "--watch", "0s"], Code(255)),
     ] {
         check(&dir, args, ends);
     }
@@ -199,11 +209,12 @@ fn a_hold_and_its_status_survive_a_closed_pipe() {
     assert_eq!(status.code(), Some(0), "{status}");
     assert_eq!(sysctls_at_rest(&dir, "the foreground hold"), before);
 
-    // In the background, started with its stdout closed.
+    // In the background, started with both streams closed: it holds, and once detached its log
+    // gets what it says (a write that failed before must not silence it).
     let (status, kept) = run_closed(
         &dir,
         &["fragment", "--max-free-order", "4", "--budget", "256MiB", "--daemon"],
-        Closed::Stdout,
+        Closed::Both,
     );
     assert_eq!(status.code(), Some(0), "{kept}");
     for args in [
@@ -236,6 +247,9 @@ fn a_hold_and_its_status_survive_a_closed_pipe() {
     }
     let last = seen.last().unwrap().clone();
     assert!(last.contains("  holds") && last.contains("held "), "{seen:#?}");
+    // A budget is held by its regions: free blocks elsewhere are listed as not counted, each with
+    // its node (on a NUMA machine "DMA32 0, DMA32 0" would say nothing).
+    assert!(!last.contains("not counted") || last.contains("Node 0 "), "{seen:#?}");
     drop(lines);
     let start = Instant::now();
     let status = loop {
@@ -250,21 +264,31 @@ fn a_hold_and_its_status_survive_a_closed_pipe() {
     assert_eq!(status.code(), Some(0), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 
-    // A watch sees the hold end: it says so and exits 1 (nothing holds now).
+    // A watch sees the hold end: it says so and exits 1 (nothing holds now). Released once the
+    // watch has had its first answer, which is what "ended" is measured against.
     let mut watch = command(&dir)
         .args(["status", "--watch", "100ms"])
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let out = collect(watch.stdout.take().unwrap());
+    let err = collect(watch.stderr.take().unwrap());
+    wait_until(Duration::from_secs(60), "the watch's first answer", || {
+        out.lock().unwrap().contains("holding since")
+    });
     check(&dir, &["release"], Ends::Code(0));
-    let status = watch.wait().unwrap();
-    let mut err = String::new();
-    watch.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert_eq!(status.code(), Some(1), "{err}");
+    let mut status = None;
+    wait_until(Duration::from_secs(60), "the watch ends with the hold", || {
+        status = watch.try_wait().unwrap();
+        status.is_some()
+    });
+    let err = err.lock().unwrap().clone();
+    assert_eq!(status.unwrap().code(), Some(1), "{err}");
     assert!(err.contains("fraglab status: the hold ended"), "{err}");
     assert_eq!(sysctls_at_rest(&dir, "the background hold"), before);
+    let log = std::fs::read_to_string(dir.join("fraglab.log")).unwrap();
+    assert!(log.contains("released; restored"), "the daemon's log lost its lines:\n{log}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -272,10 +296,97 @@ fn a_hold_and_its_status_survive_a_closed_pipe() {
 /// guest command.
 #[test]
 fn a_guest_command_survives_a_closed_pipe() {
+    // A guest takes a core and 1 GiB: not beside a hold of this file's.
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = run_dir("vm");
     let (status, kept) =
         run_closed(&dir, &["vm", "--kernel", "debian-cloud", "--", "probe", "--json"], Closed::Stdout);
     assert!(!kept.contains("panicked"), "{kept}");
     assert_eq!(status.code(), Some(0), "{kept}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Output lost to a full disk (`> /dev/full`): a command whose output is its answer says so and
+/// exits 255; any other exits by what it did, the loss said on stderr.
+#[test]
+fn output_lost_to_a_full_disk_fails_only_the_commands_whose_output_is_the_answer() {
+    let dir = run_dir("full");
+    let mail = "crates/probe/tests/captures/kmsg/netdev-2018-08-10-sctp-buddyinfo.mail";
+    for (args, want) in [
+        (&["probe"][..], 255),
+        (&["probe", "--json"], 255),
+        (&["scan", mail], 255),
+        (&["completions", "bash"], 255),
+        (&["man"], 255),
+        (&["fragment", "--dry-run", "--budget", "64MiB", "--max-free-order", "4"], 255),
+        (&["workload", "trigger", "pipe-resize", "--bytes", "64KiB", "--repeat", "3"], 0),
+        // Nothing held: status's answer is its exit status, whatever became of the text.
+        (&["status"], 1),
+    ] {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let out = command(&dir).args(args).current_dir(repo()).stdout(full).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(want), "fraglab {args:?} > /dev/full: {err}");
+        if args[0] != "status" {
+            assert!(
+                err.contains("fraglab: cannot write to stdout: No space left on device"),
+                "fraglab {args:?} > /dev/full: {err}"
+            );
+        }
+        assert!(!err.contains("panicked"), "fraglab {args:?} > /dev/full: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `status --watch` against a holder that answers badly once: the error is said and the watch goes
+/// on; it ends (exit 1, "the hold ended") only when nothing answers on the socket. The holder here
+/// is this test, answering on the run directory's socket as a fragmenter would, so that each of
+/// its answers is the one wanted.
+#[test]
+fn a_watch_goes_on_through_a_bad_answer_and_ends_when_nothing_answers() {
+    use std::io::Write;
+    use std::os::unix::net::UnixListener;
+    let dir = run_dir("badanswer");
+    let listener = UnixListener::bind(dir.join("fraglab.sock")).unwrap();
+    let mut watch = command(&dir)
+        .args(["status", "--watch", "100ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = collect(watch.stdout.take().unwrap());
+    let err = collect(watch.stderr.take().unwrap());
+    let shaping = r#"{"ok":true,"shaping":"taking memory: 1.00 GiB of 4.00 GiB","pid":4242}"#;
+    let bad = r#"{"ok":false,"error":"cannot read /proc/buddyinfo: this test said so"}"#;
+    for reply in [shaping, bad, bad, shaping] {
+        let (stream, _) = listener.accept().unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut line = String::new();
+        BufReader::new(&stream).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), r#"{"cmd":"status"}"#);
+        writeln!(&stream, "{reply}").unwrap();
+    }
+    // The holder lets go: its socket goes away.
+    drop(listener);
+    std::fs::remove_file(dir.join("fraglab.sock")).unwrap();
+    let mut status = None;
+    wait_until(Duration::from_secs(60), "the watch ends once nothing answers", || {
+        status = watch.try_wait().unwrap();
+        status.is_some()
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let (out, err) = (out.lock().unwrap().clone(), err.lock().unwrap().clone());
+    assert_eq!(status.unwrap().code(), Some(1), "{out}{err}");
+    assert_eq!(
+        out.lines().filter(|l| l.contains("fraglab pid 4242 is still shaping: taking memory")).count(),
+        2,
+        "{out}"
+    );
+    assert_eq!(
+        err.matches("fraglab status: fraglab answered: \"cannot read /proc/buddyinfo").count(),
+        2,
+        "{err}"
+    );
+    assert!(err.contains("fraglab status: the hold ended (no fraglab is holding memory"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -24,10 +24,18 @@ pub fn stdout_closed() -> bool {
 }
 
 /// True once a write to stdout failed for another reason than a reader that went away (a full
-/// disk, `> /dev/full`): what the command was asked to print is incomplete, which its exit status
-/// must say.
+/// disk, `> /dev/full`): what the command was asked to print is incomplete, which the exit status of
+/// a command whose output is its answer must say.
 pub fn stdout_lost() -> bool {
     STDOUT_LOST.load(Ordering::Relaxed)
+}
+
+/// Forget that a stream failed: stdout and stderr now go somewhere new (a daemon's log, after
+/// `dup2`), where what follows can be written.
+pub fn reset() {
+    for failed in [&STDOUT_FAILED, &STDERR_FAILED, &STDOUT_LOST] {
+        failed.store(false, Ordering::Relaxed);
+    }
 }
 
 /// Write to stdout and flush, so a failed write is seen here, unless stdout already failed.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use fraglab_fragmenter::control::{self, Request};
+use fraglab_fragmenter::control::{self, NotHolding, Request};
 use fraglab_fragmenter::fragment::{Fragmenter, Progress, Stopped};
 use fraglab_fragmenter::hold::{Looks, GUARD_EVERY};
 use fraglab_fragmenter::instance::Instance;
@@ -167,9 +167,10 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
         let release = control::serve_pending(&listener, |req| match req {
             Request::Status => {
                 // The keeper's look first, as it would take one 10 ms on: a block it takes back at
-                // once is not what "lost now" means. (In regions mode the refresh itself checks
-                // the kept pages.)
-                if let Some(line) = keeping.said(fragmenter.keep(), "the keeper could not look at buddyinfo")
+                // once is not what "lost now" means, and the answer is the keeper's record, which a
+                // run's verdict is judged by.
+                if let Some(line) =
+                    keeping.said(fragmenter.look_for_status(), "the keeper could not look at buddyinfo")
                 {
                     errln!("fraglab: {line}");
                 }
@@ -249,6 +250,8 @@ fn detach(run_dir: &Path) -> Result<()> {
             return Err(std::io::Error::last_os_error()).context("dup2 to the log");
         }
     }
+    // A write that failed before (the foreground half gone already) must not silence the log.
+    fraglab_stdio::reset();
     Ok(())
 }
 
@@ -265,20 +268,30 @@ pub fn status(args: StatusArgs, run_dir: &Path) -> Result<Exit> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
+    // The exit status of the last answer; `None` before the first.
     let mut exit = None;
     loop {
-        let reply = match Reply::ask(run_dir) {
-            Ok(r) => r,
-            // It held at the last look and is gone now: released, or stopped by a signal.
-            Err(e) if exit.is_some() => {
+        match Reply::ask(run_dir) {
+            Ok(reply) => {
+                reply.print(args.json, exit.is_none(), true)?;
+                exit = Some(reply.exit());
+            }
+            // Nothing answers on the socket after something did: released, stopped by a signal,
+            // or dead (the next fraglab command restores what it left).
+            Err(e) if exit.is_some() && e.is::<NotHolding>() => {
                 errln!("fraglab status: the hold ended ({e:#})");
                 return Ok(Exit::Failed);
             }
-            Err(e) => return Err(e),
-        };
-        reply.print(args.json, exit.is_none(), true)?;
-        exit = Some(reply.exit());
-        let next = Instant::now() + every;
+            Err(e) if exit.is_none() => return Err(e),
+            // The holder is there but did not answer as it should (a refresh that failed, no reply
+            // within the bound while its guard was giving memory back): said, and asked again. No
+            // answer says it holds, so until one does the watch would exit 1.
+            Err(e) => {
+                errln!("fraglab status: {e:#}");
+                exit = Some(Exit::Failed);
+            }
+        }
+        let next = Instant::now().checked_add(every).context("the --watch interval is too long")?;
         while Instant::now() < next && !stop.load(Ordering::Relaxed) {
             std::thread::sleep((next - Instant::now()).min(Duration::from_millis(50)));
         }
@@ -349,23 +362,29 @@ fn watch_line(s: &Status) -> String {
     let mut parts = Vec::new();
     match &s.now {
         Some(n) if n.holds => {
-            let counted: Vec<String> = n
+            // Free blocks at or above the order that do not count (DMA; anywhere in regions mode):
+            // what changes while it holds. Nothing when there are none.
+            let free: Vec<String> = n
                 .zones
                 .iter()
-                .filter(|z| z.in_play)
-                .map(|z| format!("{} {}", z.zone.rsplit("zone ").next().unwrap_or(&z.zone), z.pages))
+                .filter(|z| z.pages > 0)
+                .map(|z| format!("{} {}", z.zone.replace(", zone", ""), z.pages))
                 .collect();
-            parts.push(if counted.is_empty() {
+            parts.push(if free.is_empty() {
                 "holds".to_string()
             } else {
-                format!("holds (free pages at order ≥ {}: {})", n.order, counted.join(", "))
+                format!("holds (not counted, free pages at order ≥ {}: {})", n.order, free.join(", "))
             });
         }
         Some(n) => parts.push(format!("LOST: {}", n.why.as_deref().unwrap_or("?"))),
         None => parts.push(if holds(s) { "holds".into() } else { "LOST".into() }),
     }
-    let locked =
-        s.now.as_ref().map(|n| format!(", {} locked", format_size(n.locked_bytes))).unwrap_or_default();
+    let locked = s
+        .now
+        .as_ref()
+        .and_then(|n| n.locked_bytes)
+        .map(|b| format!(", {} locked", format_size(b)))
+        .unwrap_or_default();
     parts.push(format!("held {}{locked}", format_size(s.held_bytes)));
     if let Some(k) = &s.keeping {
         let rebroken: u64 = k.rebroken.iter().sum();
@@ -500,8 +519,12 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
     } else if let Some(lost) = &s.target_lost {
         outln!("  TARGET LOST: {lost}");
     }
-    let locked =
-        s.now.as_ref().map(|n| format!(" ({} locked)", format_size(n.locked_bytes))).unwrap_or_default();
+    let locked = s
+        .now
+        .as_ref()
+        .and_then(|n| n.locked_bytes)
+        .map(|b| format!(" ({} locked)", format_size(b)))
+        .unwrap_or_default();
     outln!(
         "  holding {}{locked}, freed {} in planned blocks; pin {}",
         format_size(s.held_bytes),
