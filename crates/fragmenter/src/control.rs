@@ -41,17 +41,31 @@ pub fn listen(dir: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
-/// Connections answered in one call at most: a client that keeps connecting (a tight loop of
-/// `fraglab status`) must not keep the holder from its keeper's looks and its guard; the rest wait
-/// in the backlog for the next call, 10 ms on.
+/// Connections answered in one call at most, and no new one taken after [`SERVE_FOR`]: a client
+/// that keeps connecting (a tight loop of `fraglab status`) must not keep the holder from its
+/// keeper's looks and its guard; the rest wait in the backlog for the holder's next pass.
 pub const MAX_PER_SERVE: usize = 8;
+const SERVE_FOR: Duration = Duration::from_millis(100);
 
-/// Accept and answer the pending connections, at most [`MAX_PER_SERVE`]; `answer` turns a request
-/// into a JSON reply. Returns true when a release was requested. A bad peer or request gets an
-/// error reply and changes nothing.
+/// Once a release is asked for, the connections still waiting are answered too (a second
+/// `fraglab release` must hear that it is released, not find its connection reset), up to this.
+const MAX_AFTER_RELEASE: usize = 64;
+
+/// Accept and answer the pending connections (bounded: [`MAX_PER_SERVE`]); `answer` turns a
+/// request into a JSON reply. Returns true when a release was requested. A bad peer or request gets
+/// an error reply and changes nothing.
 pub fn serve_pending(listener: &UnixListener, mut answer: impl FnMut(&Request) -> serde_json::Value) -> bool {
     let mut release = false;
-    for _ in 0..MAX_PER_SERVE {
+    let start = std::time::Instant::now();
+    for served in 0.. {
+        let more = if release {
+            served < MAX_PER_SERVE + MAX_AFTER_RELEASE
+        } else {
+            served < MAX_PER_SERVE && start.elapsed() < SERVE_FOR
+        };
+        if !more {
+            break;
+        }
         let Ok((stream, _)) = listener.accept() else { break };
         let reply = match read_request(&stream) {
             Ok(req) => {
@@ -91,8 +105,9 @@ fn read_request(stream: &UnixStream) -> Result<Request> {
 }
 
 /// Nothing answers on the socket: no fragmenter holds in this run directory (none started, or the
-/// one that did has let go — released, stopped, or dead). Every other error of [`call`] is a
-/// holder that is there but did not answer as it should.
+/// one that did has let go — released, stopped, or dead: no socket, nobody listening, or the
+/// connection closed without a reply). Every other error of [`call`] is a holder that is there but
+/// did not answer as it should, or a socket this user may not use.
 #[derive(Debug, thiserror::Error)]
 #[error("no fraglab is holding memory (cannot connect to {})", path.display())]
 pub struct NotHolding {
@@ -108,14 +123,25 @@ pub fn call(dir: &Path, req: &Request) -> Result<serde_json::Value> {
 
 fn call_within(dir: &Path, req: &Request, wait: Duration) -> Result<serde_json::Value> {
     let path = dir.join(SOCKET);
-    let stream = UnixStream::connect(&path).map_err(|source| NotHolding { path: path.clone(), source })?;
+    let stream = UnixStream::connect(&path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            anyhow::Error::new(NotHolding { path: path.clone(), source })
+        }
+        _ => anyhow::Error::new(source).context(format!("cannot connect to {}", path.display())),
+    })?;
     stream.set_read_timeout(Some(wait))?;
     let mut s = &stream;
     writeln!(s, "{}", serde_json::to_string(req)?)?;
     let mut line = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut line)
-        .map_err(|e| within(&format!("no reply from {}", path.display()), wait, e))?;
+    match BufReader::new(&stream).read_line(&mut line) {
+        // Closed with no reply: the holder let go (or died) between accepting and answering.
+        Ok(0) => return Err(NotHolding { path, source: std::io::ErrorKind::UnexpectedEof.into() }.into()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+            return Err(NotHolding { path, source: e }.into())
+        }
+        Ok(_) => {}
+        Err(e) => return Err(within(&format!("no reply from {}", path.display()), wait, e)),
+    }
     let reply: serde_json::Value = serde_json::from_str(&line)
         .with_context(|| format!("bad reply from {}: {line:?}", path.display()))?;
     if reply["ok"] != true {
@@ -203,12 +229,41 @@ mod tests {
             std::fs::remove_dir_all(&dir).unwrap();
             assert!(answered.iter().all(|&n| n <= MAX_PER_SERVE), "{clients} clients: {answered:?}");
             assert_eq!(answered.iter().sum::<usize>(), clients, "{answered:?}");
-            assert_eq!(answered.len(), clients.div_ceil(MAX_PER_SERVE), "{answered:?}");
+            assert!(answered.len() >= clients.div_ceil(MAX_PER_SERVE), "{answered:?}");
             for s in streams {
                 let mut line = String::new();
                 BufReader::new(&s).read_line(&mut line).unwrap();
                 assert_eq!(line.trim(), r#"{"ok":true}"#);
             }
         }
+    }
+
+    /// Once a release is asked, everyone still waiting is answered in the same pass — a second
+    /// `fraglab release` hears "released" rather than finding its connection reset as the holder
+    /// closes its socket.
+    #[test]
+    fn a_release_answers_everyone_waiting() {
+        let dir = std::env::temp_dir().join(format!("fraglab-control-release-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let listener = listen(&dir).unwrap();
+        let streams: Vec<UnixStream> = [Request::Release]
+            .into_iter()
+            .chain(std::iter::repeat_n(Request::Status, 2 * MAX_PER_SERVE))
+            .chain([Request::Release])
+            .map(|req| {
+                let mut s = UnixStream::connect(dir.join(SOCKET)).unwrap();
+                writeln!(s, "{}", serde_json::to_string(&req).unwrap()).unwrap();
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+                s
+            })
+            .collect();
+        let mut n = 0;
+        let release = serve_pending(&listener, |_| {
+            n += 1;
+            serde_json::json!({ "ok": true })
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(release);
+        assert_eq!(n, streams.len());
     }
 }

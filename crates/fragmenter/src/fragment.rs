@@ -270,9 +270,10 @@ pub struct Now {
     pub why: Option<String>,
     /// The order at or above which a free block is a loss ([`Keeping::order`]).
     pub order: usize,
-    /// Per zone at the keeper's last look: free pages at or above `order`, and whether the zone
-    /// counts (regions mode counts none: there the kept pages, not free blocks elsewhere, say
-    /// whether it holds).
+    /// Per zone at this refresh: free pages at or above `order`, and whether the zone counts
+    /// (regions mode counts none: there the kept pages, not free blocks elsewhere, say whether it
+    /// holds). A block counted here while `holds` is one that formed after the keeper's look: the
+    /// next look takes it back or records the loss.
     pub zones: Vec<ZoneAbove>,
     /// Memory the holder has locked now (smaps' `Locked`): pages compaction cannot move. `None`
     /// when smaps_rollup could not be read (a kernel without it, before 4.14).
@@ -765,23 +766,29 @@ impl Fragmenter {
         Ok(&self.status)
     }
 
-    /// Whether the target holds, as the keeper's record has it (the record a run's verdict is judged
-    /// by, so status and verdict never disagree): not while its last loss is open — a free block at
-    /// or above the order in a zone in play that the keeper could not take back, or a loss for good
-    /// (memory given back; in regions mode a kept page moved or PFNs hidden) — nor in regions mode
-    /// while this refresh finds a kept page moved. Fresh when the keeper has just looked
-    /// ([`Fragmenter::look_for_status`]).
+    /// Whether the target holds, as the keeper's record has it — the record a run's verdict is
+    /// judged by (which then weighs losses by their order and its tolerance): not while its last
+    /// loss is open — a free block at or above the order in a zone in play that the keeper could
+    /// not take back, or a loss for good (memory given back; in regions mode a kept page moved or
+    /// PFNs hidden) — nor in regions mode while this refresh finds a kept page moved. Fresh when
+    /// the keeper has just looked ([`Fragmenter::look_for_status`]).
     fn now(&self, keeping: &Keeping) -> Result<Now> {
-        let (zones, open) = {
+        let b = &self.status.buddyinfo_now;
+        let regions = keeping.how == Keep::Regions;
+        let zones: Vec<ZoneAbove> = crate::keeper::above(b, keeping.order)
+            .into_iter()
+            .map(|z| ZoneAbove { in_play: z.in_play && !regions, ..z })
+            .collect();
+        let open = {
             let t = self.keeper.timeline();
             let t = crate::keeper::lock(&t);
-            (t.now.clone(), t.losses.last().filter(|l| l.end_ns.is_none()).map(|l| l.why.clone()))
+            t.losses.last().filter(|l| l.end_ns.is_none()).map(|l| l.why.clone())
         };
         let why = if let Some(lost) = &self.status.target_lost {
             Some(lost.clone())
         } else if open.is_some() {
             open
-        } else if keeping.how == Keep::Regions && self.status.moved_pages > 0 {
+        } else if regions && self.status.moved_pages > 0 {
             Some(format!(
                 "{} kept pages moved (migrated): the regions they kept may hold free blocks of order ≥ {}",
                 self.status.moved_pages, keeping.order

@@ -159,7 +159,7 @@ pub struct ZoneAbove {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Timeline {
     pub losses: Vec<Loss>,
-    /// The last look, per zone.
+    /// The last look, per zone: what it found, before re-breaking any.
     pub now: Vec<ZoneAbove>,
     pub last_look_ns: u64,
 }
@@ -420,15 +420,11 @@ impl Keeper {
         }
         self.backoff_until = None;
         let said = self.rebreak(&b)?;
-        // What is left after re-breaking is what the record says now (status shows it as the zones).
-        let after = above(&BuddyInfo::read()?, self.status.order);
-        let left: u64 = after.iter().filter(|z| z.in_play).map(|z| z.pages).sum();
-        let mut t = lock(&self.timeline);
-        t.now = after;
+        let after = BuddyInfo::read()?;
+        let left: u64 = above(&after, self.status.order).iter().filter(|z| z.in_play).map(|z| z.pages).sum();
         if left == 0 {
-            t.close(fraglab_probe::snapshot::monotonic_ns()?);
+            lock(&self.timeline).close(fraglab_probe::snapshot::monotonic_ns()?);
         }
-        drop(t);
         Ok(said)
     }
 

@@ -22,7 +22,8 @@ pub struct SampleTarget {
     /// Not lost at any moment since the previous sample.
     pub held: bool,
     pub lost_ms: f64,
-    /// Free pages at or above the target order per zone at the keeper's last look; zones not in
-    /// play (DMA) are reported, not counted.
+    /// Free pages at or above the target order per zone at the keeper's last look (before it
+    /// re-broke any); zones not in play (DMA, and every zone in regions mode) are reported, not
+    /// counted.
     pub zones: Vec<fraglab_fragmenter::keeper::ZoneAbove>,
 }

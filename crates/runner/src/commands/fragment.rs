@@ -169,10 +169,14 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
                 // The keeper's look first, as it would take one 10 ms on: a block it takes back at
                 // once is not what "lost now" means, and the answer is the keeper's record, which a
                 // run's verdict is judged by.
-                if let Some(line) =
-                    keeping.said(fragmenter.look_for_status(), "the keeper could not look at buddyinfo")
-                {
+                // A look that failed leaves a record of unknown age: no answer from it.
+                let looked = fragmenter.look_for_status();
+                let failed = looked.as_ref().err().map(|e| format!("the keeper could not look: {e:#}"));
+                if let Some(line) = keeping.said(looked, "the keeper could not look at buddyinfo") {
                     errln!("fraglab: {line}");
+                }
+                if let Some(error) = failed {
+                    return serde_json::json!({ "ok": false, "error": error });
                 }
                 match fragmenter.refresh() {
                     Ok(s) => serde_json::json!({ "ok": true, "status": s }),
