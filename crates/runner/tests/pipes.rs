@@ -110,6 +110,19 @@ fn check(dir: &Path, args: &[&str], ends: Ends) {
     }
 }
 
+/// `fraglab status --watch 100ms`, both streams collected as they come.
+fn spawn_watch(dir: &Path) -> (std::process::Child, Arc<Mutex<String>>, Arc<Mutex<String>>) {
+    let mut watch = command(dir)
+        .args(["status", "--watch", "100ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = collect(watch.stdout.take().unwrap());
+    let err = collect(watch.stderr.take().unwrap());
+    (watch, out, err)
+}
+
 fn run_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("fraglab-pipes-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -276,14 +289,7 @@ fn a_hold_and_its_status_survive_a_closed_pipe() {
 
     // A watch sees the hold end: it says so and exits 1 (nothing holds now). Released once the
     // watch has had its first answer, which is what "ended" is measured against.
-    let mut watch = command(&dir)
-        .args(["status", "--watch", "100ms"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = collect(watch.stdout.take().unwrap());
-    let err = collect(watch.stderr.take().unwrap());
+    let (mut watch, out, err) = spawn_watch(&dir);
     wait_until(Duration::from_secs(60), "the watch's first answer", || {
         out.lock().unwrap().contains("holding since")
     });
@@ -357,14 +363,7 @@ fn a_watch_goes_on_through_a_bad_answer_and_ends_when_nothing_answers() {
     use std::os::unix::net::UnixListener;
     let dir = run_dir("badanswer");
     let listener = UnixListener::bind(dir.join("fraglab.sock")).unwrap();
-    let mut watch = command(&dir)
-        .args(["status", "--watch", "100ms"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = collect(watch.stdout.take().unwrap());
-    let err = collect(watch.stderr.take().unwrap());
+    let (mut watch, out, err) = spawn_watch(&dir);
     let shaping = r#"{"ok":true,"shaping":"taking memory: 1.00 GiB of 4.00 GiB","pid":4242}"#;
     let bad = r#"{"ok":false,"error":"cannot read /proc/buddyinfo: this test said so"}"#;
     listener.set_nonblocking(true).unwrap();

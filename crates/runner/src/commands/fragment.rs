@@ -359,6 +359,11 @@ fn holds(s: &Status) -> bool {
     s.now.as_ref().map_or(s.target_lost.is_none(), |n| n.holds)
 }
 
+/// Memory the holder has locked now, when it could tell.
+fn locked(s: &Status) -> Option<String> {
+    s.now.as_ref().and_then(|n| n.locked_bytes).map(format_size)
+}
+
 /// One line of `status --watch`: the time, holds or LOST, and what changes while holding.
 fn watch_line(s: &Status) -> String {
     let time = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
@@ -383,12 +388,7 @@ fn watch_line(s: &Status) -> String {
         Some(n) => parts.push(format!("LOST: {}", n.why.as_deref().unwrap_or("?"))),
         None => parts.push(if holds(s) { "holds".into() } else { "LOST".into() }),
     }
-    let locked = s
-        .now
-        .as_ref()
-        .and_then(|n| n.locked_bytes)
-        .map(|b| format!(", {} locked", format_size(b)))
-        .unwrap_or_default();
+    let locked = locked(s).map(|l| format!(", {l} locked")).unwrap_or_default();
     parts.push(format!("held {}{locked}", format_size(s.held_bytes)));
     if let Some(k) = &s.keeping {
         let rebroken: u64 = k.rebroken.iter().sum();
@@ -523,12 +523,7 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
     } else if let Some(lost) = &s.target_lost {
         outln!("  TARGET LOST: {lost}");
     }
-    let locked = s
-        .now
-        .as_ref()
-        .and_then(|n| n.locked_bytes)
-        .map(|b| format!(" ({} locked)", format_size(b)))
-        .unwrap_or_default();
+    let locked = locked(s).map(|l| format!(" ({l} locked)")).unwrap_or_default();
     outln!(
         "  holding {}{locked}, freed {} in planned blocks; pin {}",
         format_size(s.held_bytes),
