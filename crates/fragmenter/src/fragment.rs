@@ -773,12 +773,7 @@ impl Fragmenter {
     /// PFNs hidden) — nor in regions mode while this refresh finds a kept page moved. Fresh when
     /// the keeper has just looked ([`Fragmenter::look_for_status`]).
     fn now(&self, keeping: &Keeping) -> Result<Now> {
-        let b = &self.status.buddyinfo_now;
-        let regions = keeping.how == Keep::Regions;
-        let zones: Vec<ZoneAbove> = crate::keeper::above(b, keeping.order)
-            .into_iter()
-            .map(|z| ZoneAbove { in_play: z.in_play && !regions, ..z })
-            .collect();
+        let zones = crate::keeper::counted(&self.status.buddyinfo_now, keeping.order, keeping.how);
         let open = {
             let t = self.keeper.timeline();
             let t = crate::keeper::lock(&t);
@@ -788,7 +783,7 @@ impl Fragmenter {
             Some(lost.clone())
         } else if open.is_some() {
             open
-        } else if regions && self.status.moved_pages > 0 {
+        } else if keeping.how == Keep::Regions && self.status.moved_pages > 0 {
             Some(format!(
                 "{} kept pages moved (migrated): the regions they kept may hold free blocks of order ≥ {}",
                 self.status.moved_pages, keeping.order

@@ -377,11 +377,7 @@ impl Keeper {
         let before = self.last_look_ns();
         let now_ns = fraglab_probe::snapshot::monotonic_ns()?;
         let b = BuddyInfo::read()?;
-        let mut zones = above(&b, self.status.order);
-        if self.status.how == Keep::Regions {
-            // There the kept pages decide; free blocks elsewhere are only reported.
-            zones.iter_mut().for_each(|z| z.in_play = false);
-        }
+        let zones = counted(&b, self.status.order, self.status.how);
         {
             let mut t = lock(&self.timeline);
             t.now = zones.clone();
@@ -556,6 +552,17 @@ impl Keeper {
 /// every ordinary allocation while fraglab holds (`vm.lowmem_reserve_ratio`).
 pub fn in_play(zone: &str) -> bool {
     zone != "DMA"
+}
+
+/// Free pages at or above `order` per zone, each marked whether it counts against a hold kept
+/// `how`: the zones in play, and none in regions mode, where the kept pages decide and free blocks
+/// elsewhere are only reported.
+pub fn counted(b: &BuddyInfo, order: usize, how: Keep) -> Vec<ZoneAbove> {
+    let mut zones = above(b, order);
+    if how == Keep::Regions {
+        zones.iter_mut().for_each(|z| z.in_play = false);
+    }
+    zones
 }
 
 /// Free pages at or above `order`, per zone.

@@ -60,12 +60,12 @@ impl ResultsDir {
     /// still going or complete. Returns whether run.json was changed.
     pub fn mark_cut_short(&self, why: &str) -> Result<bool> {
         let Some(mut record) = self.running_record()? else { return Ok(false) };
-        record.status = RunStatus::Incomplete;
-        record.reason = match record.phase.take() {
+        let reason = match record.phase.take() {
             Some(phase) => format!("{why}; it was in phase `{phase}`"),
             None => why.into(),
         };
-        record.finished = Some(crate::workload::wall_now());
+        let verdict = record.verdict;
+        record.end(RunStatus::Incomplete, verdict, reason);
         self.write_json("run.json", &record)?;
         Ok(true)
     }

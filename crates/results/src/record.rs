@@ -208,6 +208,14 @@ impl RunRecord {
         RunRecord { schema: SCHEMA, name: name.into(), ..Default::default() }
     }
 
+    /// The run ended now: how (complete, or incomplete and why), with its verdict when it has one.
+    pub fn end(&mut self, status: RunStatus, verdict: Option<Verdict>, reason: String) {
+        self.status = status;
+        self.verdict = verdict;
+        self.reason = reason;
+        self.finished = Some(crate::workload::wall_now());
+    }
+
     /// Workload windows that held their target, of those that had one: `(held, of)`.
     pub fn windows_held(workloads: &[WorkloadRecord]) -> Option<(usize, usize)> {
         let held: Vec<bool> = workloads.iter().filter_map(|w| w.target.as_ref().map(|t| t.held)).collect();

@@ -88,9 +88,7 @@ pub fn run(
             return e;
         }
         let mut record = record;
-        record.status = RunStatus::Incomplete;
-        record.reason = format!("{e:#}");
-        record.finished = Some(fraglab_results::workload::wall_now());
+        record.end(RunStatus::Incomplete, None, format!("{e:#}"));
         let _ = ResultsDir { dir: dir.clone() }.write_json("run.json", &record);
         e.context(format!("the run stopped part-way; what it had is in {}", dir.display()))
     });
@@ -294,10 +292,8 @@ fn pipeline(
     phases.end();
     record.phases = phases.done();
     if let Some(e) = refused {
-        record.status = RunStatus::Incomplete;
-        record.reason = format!("{e:#}");
         record.errors.push(format!("{e:#}"));
-        record.finished = Some(fraglab_results::workload::wall_now());
+        record.end(RunStatus::Incomplete, None, format!("{e:#}"));
         results.write_json("run.json", &record)?;
         return Err(e.context(PartWay { dir: results.dir.clone() }));
     }
@@ -705,20 +701,14 @@ fn finish(
     verdict: Verdict,
     reason: String,
 ) -> Result<(Verdict, ResultsDir)> {
-    record.status = RunStatus::Complete;
-    record.verdict = Some(verdict);
-    record.reason = reason;
-    record.finished = Some(fraglab_results::workload::wall_now());
+    record.end(RunStatus::Complete, Some(verdict), reason);
     results.write_json("run.json", &record)?;
     Ok((verdict, results))
 }
 
 /// Write run.json for a run a signal stopped: incomplete, verdict interrupted (exit 130).
 fn interrupted(results: ResultsDir, mut record: RunRecord, reason: String) -> Result<(Verdict, ResultsDir)> {
-    record.status = RunStatus::Incomplete;
-    record.verdict = Some(Verdict::Interrupted);
-    record.reason = reason;
-    record.finished = Some(fraglab_results::workload::wall_now());
+    record.end(RunStatus::Incomplete, Some(Verdict::Interrupted), reason);
     results.write_json("run.json", &record)?;
     Ok((Verdict::Interrupted, results))
 }

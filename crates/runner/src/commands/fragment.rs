@@ -168,8 +168,8 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
             Request::Status => {
                 // The keeper's look first, as it would take one 10 ms on: a block it takes back at
                 // once is not what "lost now" means, and the answer is the keeper's record, which a
-                // run's verdict is judged by.
-                // A look that failed leaves a record of unknown age: no answer from it.
+                // run's verdict is judged by. A look that failed leaves that record of unknown age:
+                // no answer from it.
                 let looked = fragmenter.look_for_status();
                 let failed = looked.as_ref().err().map(|e| format!("the keeper could not look: {e:#}"));
                 if let Some(line) = keeping.said(looked, "the keeper could not look at buddyinfo") {
