@@ -49,7 +49,6 @@ use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, InetResponse, 
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket as NetlinkSocket, SocketAddr as NetlinkAddr};
 use serde::{Deserialize, Serialize};
-use std::os::fd::AsRawFd;
 
 use crate::error::{Error, Result};
 
@@ -62,7 +61,7 @@ const INET_DIAG_PEERS: u16 = 13;
 const MAX_DATAGRAMS: usize = 1 << 20;
 /// Longest one reply may take to come (SO_RCVTIMEO): a dump of a million sockets comes in well
 /// under a second; past this the dump fails with EAGAIN instead of hanging its caller.
-const REPLY_TIMEOUT: libc::timeval = libc::timeval { tv_sec: 5, tv_usec: 0 };
+const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A protocol sock_diag can dump with inet_diag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -169,7 +168,7 @@ impl SkMem {
     /// prints no such sum; summed over sockets it is what the protocol's `memory_allocated` counts,
     /// in pages, give or take what each CPU has not yet added to it (up to 1 MiB a CPU either way).
     pub fn held(&self) -> i64 {
-        self.fields().iter().filter(|(k, _)| ["r", "w", "f"].contains(k)).map(|(_, v)| v).sum()
+        i64::from(self.r) + i64::from(self.w) + i64::from(self.f)
     }
 }
 
@@ -250,25 +249,14 @@ pub enum States {
 ///
 /// Each reply is read into a buffer of exactly its size, after a peek: netlink sizes the skbs of
 /// the rest of a dump to the largest read the socket has seen (up to 32 KiB, an order-3 page
-/// allocation), so a big buffer would make every later dump ask the page allocator for order-3
-/// blocks — on the very machine fraglab keeps without them. Read this way they stay one page.
+/// allocation), so a big buffer would make every later reply of the dump ask the page allocator
+/// for an order-3 block — on the very machine fraglab keeps without them. Read this way they stay
+/// one page.
 pub fn read(proto: Proto, family: Family, states: States) -> Result<Dump> {
     let what = source(proto, family);
     let io = |e: std::io::Error| Error::Io { path: what.clone().into(), source: e };
     let mut sock = NetlinkSocket::new(NETLINK_SOCK_DIAG).map_err(io)?;
-    // SAFETY: a plain setsockopt on the socket this function owns, with a timeval it reads.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&REPLY_TIMEOUT as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io(std::io::Error::last_os_error()));
-    }
+    socket2::SockRef::from(&sock).set_read_timeout(Some(REPLY_TIMEOUT)).map_err(io)?;
     sock.bind_auto().map_err(io)?;
     sock.connect(&NetlinkAddr::new(0, 0)).map_err(io)?;
 
@@ -298,7 +286,7 @@ pub fn read(proto: Proto, family: Family, states: States) -> Result<Dump> {
     let mut buf = Vec::new();
     let timed_out = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::WouldBlock => {
-            io(std::io::Error::other(format!("no reply within {} s (SO_RCVTIMEO)", REPLY_TIMEOUT.tv_sec)))
+            io(std::io::Error::other(format!("no reply within {} s (SO_RCVTIMEO)", REPLY_TIMEOUT.as_secs())))
         }
         _ => io(e),
     };

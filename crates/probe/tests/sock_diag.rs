@@ -14,35 +14,10 @@ fn inode(fd: &impl AsRawFd) -> u32 {
     std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap().ino() as u32
 }
 
-fn getsockopt_int(fd: &impl AsRawFd, name: libc::c_int) -> u32 {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` is writable for `len` bytes.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            name,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    assert_eq!(rc, 0, "getsockopt {name}: {}", std::io::Error::last_os_error());
-    v as u32
-}
-
-fn setsockopt_int(fd: &impl AsRawFd, name: libc::c_int, v: libc::c_int) {
-    // SAFETY: `v` is readable for its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            name,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0);
+/// SO_SNDBUF and SO_RCVBUF as getsockopt reports them (the doubled values).
+fn buffers(s: &impl std::os::fd::AsFd) -> (u32, u32) {
+    let s = socket2::SockRef::from(s);
+    (s.send_buffer_size().unwrap() as u32, s.recv_buffer_size().unwrap() as u32)
 }
 
 /// A loopback connection of `family` whose client has SO_SNDBUF/SO_RCVBUF set and has sent `unread`
@@ -60,7 +35,7 @@ fn a_live_dump_agrees_with_getsockopt_and_fstat() {
         s.connect(&addr.into()).unwrap();
         let mut client: TcpStream = s.into();
         let (server, _) = listener.accept().unwrap();
-        setsockopt_int(&server, libc::SO_RCVBUF, 200 << 10);
+        socket2::SockRef::from(&server).set_recv_buffer_size(200 << 10).unwrap();
         let unread = 30_000;
         client.write_all(&vec![7u8; unread]).unwrap();
         // Loopback delivers in the sender's context; give softirq a moment anyway.
@@ -80,11 +55,9 @@ fn a_live_dump_agrees_with_getsockopt_and_fstat() {
         assert_eq!((c.local, c.remote), (client.local_addr().unwrap(), addr), "{family:?}");
         assert_eq!((srv.local, srv.remote), (addr, client.local_addr().unwrap()));
         assert_eq!(sock_diag::state_name(Proto::Tcp, false, c.state), "ESTAB");
-        assert_eq!(c.skmem.tb, getsockopt_int(&client, libc::SO_SNDBUF));
-        assert_eq!(c.skmem.rb, getsockopt_int(&client, libc::SO_RCVBUF));
+        assert_eq!((c.skmem.tb, c.skmem.rb), buffers(&client));
         assert_eq!((c.skmem.tb, c.skmem.rb), (96 << 10, 160 << 10), "the kernel doubles what was asked");
-        assert_eq!(srv.skmem.rb, getsockopt_int(&server, libc::SO_RCVBUF));
-        assert_eq!(srv.skmem.tb, getsockopt_int(&server, libc::SO_SNDBUF));
+        assert_eq!((srv.skmem.tb, srv.skmem.rb), buffers(&server));
         // r is truesize: at least the payload, at most the receive buffer.
         assert!(srv.skmem.r as usize >= unread && srv.skmem.r <= srv.skmem.rb, "{}", srv.skmem);
         assert_eq!(c.associations + srv.associations, 0);

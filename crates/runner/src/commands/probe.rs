@@ -378,29 +378,18 @@ fn sockets(args: &ProbeArgs, proto: SocketsProto) -> Result<Exit> {
     o += "\n";
     if !top.is_empty() {
         o += &format!("top {} by forward allocation (f):\n", top.len());
-        let rows: Vec<[String; 5]> = top
-            .iter()
-            .map(|(_, s)| {
-                [
-                    state(s).to_string(),
-                    s.local.to_string(),
-                    s.remote.to_string(),
-                    s.inode.to_string(),
-                    s.skmem.to_string(),
-                ]
-            })
-            .collect();
-        let head = ["State", "Local", "Peer", "Inode", "Memory"];
-        let width: Vec<usize> = (0..5)
-            .map(|i| rows.iter().map(|r| r[i].len()).chain([head[i].len()]).max().unwrap_or(0))
-            .collect();
-        let fmt = |r: &[&str]| {
-            let cells: Vec<String> = r.iter().zip(&width).map(|(c, w)| format!("{c:<w$}")).collect();
-            format!("  {}\n", cells.join("  ").trim_end())
-        };
-        o += &fmt(&head);
-        for r in &rows {
-            o += &fmt(&r.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut rows = vec![["State", "Local", "Peer", "Inode", "Memory"].map(String::from).to_vec()];
+        rows.extend(top.iter().map(|(_, s)| {
+            vec![
+                state(s).to_string(),
+                s.local.to_string(),
+                s.remote.to_string(),
+                s.inode.to_string(),
+                s.skmem.to_string(),
+            ]
+        }));
+        for line in fraglab_stdio::columns(&rows, &[]) {
+            o += &format!("  {line}\n");
         }
     }
     out!("{o}");
