@@ -121,6 +121,27 @@ pub fn require_results_dir(dir: &Path) -> Result<()> {
     )
 }
 
+/// The results directories at or under `root` (at most `depth` levels down), sorted: a run's own
+/// directory, an output directory of runs, an A/B's rounds. A run's directory is not searched
+/// further; unreadable directories are passed over.
+pub fn find_runs(root: &Path, depth: usize) -> Vec<PathBuf> {
+    if root.join("run.json").is_file() {
+        return vec![root.to_path_buf()];
+    }
+    let mut runs = Vec::new();
+    if depth > 0 {
+        if let Ok(entries) = std::fs::read_dir(root) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    runs.extend(find_runs(&e.path(), depth - 1));
+                }
+            }
+        }
+    }
+    runs.sort();
+    runs
+}
+
 /// What every file says of itself. Read apart from the body, which is parsed straight from the
 /// text: through `serde_json::Value` a sweep point's axes would come back sorted, not in sweep order.
 #[derive(Deserialize)]

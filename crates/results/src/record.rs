@@ -179,6 +179,8 @@ pub struct RunRecord {
     pub kernel_release: String,
     pub kernel_cmdline: String,
     pub host: String,
+    /// The machine's architecture as Rust names it (`x86_64`, `aarch64`); empty before it was recorded.
+    pub arch: String,
     pub fraglab_version: String,
     pub config_path: String,
     /// The config file's text, as the run read it.

@@ -67,6 +67,16 @@ impl WorkloadResult {
         self.notes.push(format!("stopped by a signal after {how_far}"));
     }
 
+    /// The one figure a test system shows for this workload, with its unit: throughput when it
+    /// moves data, else its rate, else the operations that failed.
+    pub fn headline(&self) -> (f64, &'static str) {
+        match (self.throughput_mbit, self.ops_per_sec) {
+            (Some(t), _) => (t, "Mbit/s"),
+            (None, Some(r)) => (r, "ops/s"),
+            (None, None) => (self.failed as f64, "failed_ops"),
+        }
+    }
+
     /// Count of failures with errno `name` (`ENOMEM`).
     pub fn errno_count(&self, name: &str) -> u64 {
         self.errors.iter().filter(|e| e.errno == name).map(|e| e.count).sum()

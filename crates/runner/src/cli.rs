@@ -70,6 +70,128 @@ pub enum Command {
     /// Print the man page (roff), or with --dir write one per command (fraglab.1, fraglab-run.1, …),
     /// generated from these flags; scripts/install puts them in share/man/man1.
     Man(ManArgs),
+    /// Write a LAVA job that boots a kernel under test (in a lab's qemu or on a board) and runs a
+    /// scenario, each workload window and the run's verdict a LAVA test case; with its kernel and
+    /// initramfs beside it (docs/scale.md).
+    LavaJob(LavaJobArgs),
+    /// Take a `lava-job` job's results directory back out of its log (lava-run's output, a LAVA
+    /// job log, a console capture), for `fraglab compare` and `fraglab report`.
+    LavaResults(LavaResultsArgs),
+    /// Write results in another system's format: `kcidb` (KernelCI's database) for now.
+    Export(ExportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LavaJobArgs {
+    /// The kernel under test, as `fraglab vm --kernel` takes it: a bzImage, or `debian-cloud[:ABI]`.
+    #[arg(long, value_name = "PATH|debian-cloud[:ABI]")]
+    pub kernel: String,
+    /// The kernel's modules (lib/modules/<release>, or an INSTALL_MOD_PATH).
+    #[arg(long, value_name = "DIR")]
+    pub modules: Option<PathBuf>,
+    /// The scenario: a `fraglab run` config (its profile file comes along).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// The LAVA device type: `qemu`, or a board's (which then needs --boot-method).
+    #[arg(long, default_value = "qemu", value_name = "NAME")]
+    pub device_type: String,
+    /// How the board boots the kernel and ramdisk LAVA puts on its TFTP server: its device type's
+    /// boot method (u-boot, ipxe, grub, depthcharge, …).
+    #[arg(long, value_name = "METHOD")]
+    pub boot_method: Option<String>,
+    /// Where to write job.yaml, the kernel and the initramfs.
+    #[arg(long, short, default_value = "lava-job", value_name = "DIR")]
+    pub output: PathBuf,
+    /// The URL the lab fetches the images from: where --output will be served (default: its
+    /// file:// URL, for lava-run on this machine).
+    #[arg(long, value_name = "URL")]
+    pub image_url: Option<String>,
+    /// Guest memory (qemu).
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    pub mem: String,
+    /// Guest CPUs (qemu).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub cpus: u32,
+    /// How long the scenario may run: the test action's timeout. The guest stops a run still going
+    /// before it, so its results still come out.
+    #[arg(long, default_value = "600s", value_name = "DURATION")]
+    pub timeout: String,
+    /// The lab's qemu has no KVM (or cannot run this guest under it): TCG.
+    #[arg(long)]
+    pub no_kvm: bool,
+    /// Also load this module (with its dependencies).
+    #[arg(long = "module", value_name = "NAME")]
+    pub module: Vec<String>,
+    /// A host program to carry into the guest with its shared libraries.
+    #[arg(long = "extra-bin", value_name = "PATH")]
+    pub extra_bin: Vec<PathBuf>,
+    /// More kernel command line (qemu; a board's comes from its device dictionary).
+    #[arg(long, value_name = "ARGS")]
+    pub append: Option<String>,
+    /// The fraglab to run in the guest (default: this one if static, else a static build of its
+    /// source tree); a board of another architecture needs one built for it.
+    #[arg(long, value_name = "PATH")]
+    pub guest_fraglab: Option<PathBuf>,
+    /// The job's name (default: `fraglab <config name> on <kernel release>`).
+    #[arg(long, value_name = "NAME")]
+    pub job_name: Option<String>,
+    /// Show what is put in the initramfs.
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LavaResultsArgs {
+    /// The job's log: `lava-run`'s output, a LAVA server's job log (`lavacli jobs logs --raw`), or
+    /// the console captured any other way; `-` reads stdin.
+    #[arg(value_name = "LOG")]
+    pub log: PathBuf,
+    /// Where to unpack the guest's results (a new or empty directory).
+    #[arg(long, short, value_name = "DIR")]
+    pub output: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    #[command(subcommand)]
+    pub format: ExportFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExportFormat {
+    /// KCIDB JSON (the latest schema kcidb-io knows, 5.3): the checkout and build the runs tested,
+    /// one test per run and one per workload window, verdicts mapped to KCIDB statuses
+    /// (docs/scale.md).
+    Kcidb(KcidbArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KcidbArgs {
+    /// Results directories (or directories holding them: an output directory, an A/B's).
+    #[arg(value_name = "RESULTS_DIR", required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// The submitting system's name: KCIDB ids are prefixed with it.
+    #[arg(long, default_value = "fraglab", value_name = "NAME")]
+    pub origin: String,
+    /// The kernel's git commit (40 hex digits): the checkout it was built from.
+    #[arg(long, value_name = "SHA1")]
+    pub git_commit: Option<String>,
+    /// The git repository the commit is in (https://).
+    #[arg(long, value_name = "URL")]
+    pub git_url: Option<String>,
+    /// The branch the commit is on.
+    #[arg(long, value_name = "NAME")]
+    pub git_branch: Option<String>,
+    /// The tree's name (`mainline`, `net-next`, …).
+    #[arg(long, value_name = "NAME")]
+    pub tree: Option<String>,
+    /// Where the results directories will be served (RESULTS_URL/<run dir name>/run.json, …), for
+    /// the tests' output files (default: their file:// URLs).
+    #[arg(long, value_name = "URL")]
+    pub results_url: Option<String>,
+    /// Write here instead of stdout.
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

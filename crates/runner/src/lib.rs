@@ -9,10 +9,12 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod exit;
+pub mod lava;
 pub mod pipeline;
 pub mod progress;
 pub mod resolve;
 pub mod runplan;
+pub mod verdict;
 pub mod vm;
 
 use std::process::ExitCode;
@@ -22,6 +24,10 @@ use clap::Parser;
 use crate::exit::Exit;
 
 pub fn main() -> ExitCode {
+    // A LAVA device's kernel runs the initramfs's /init (fraglab) with no arguments.
+    if vm::init::started_as_init() {
+        vm::init::run();
+    }
     // A mistyped flag is bad input like any other: 255, which stops `git bisect run`, rather than
     // clap's 2, which bisect would take for "this commit is bad". --help and --version still exit 0.
     let cli = match cli::Cli::try_parse() {
@@ -41,6 +47,7 @@ pub fn main() -> ExitCode {
             | cli::Command::Compare(_)
             | cli::Command::Completions(_)
             | cli::Command::Man(_)
+            | cli::Command::Export(_)
     );
     if reads_only {
         // SAFETY: restoring a signal's default disposition before any thread exists.
@@ -64,6 +71,9 @@ pub fn main() -> ExitCode {
         cli::Command::Compare(args) => commands::compare::run(args),
         cli::Command::Completions(args) => commands::generate::completions(args),
         cli::Command::Man(args) => commands::generate::man(args),
+        cli::Command::LavaJob(args) => lava::job::run(args),
+        cli::Command::LavaResults(args) => lava::results(args),
+        cli::Command::Export(args) => commands::export::run(args),
     };
     match result {
         // Output asked for and lost (a full disk) is a failure a script must see; a reader that

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod compare;
+pub mod export;
 pub mod fragment;
 pub mod generate;
 pub mod probe;

@@ -293,7 +293,7 @@ impl Guest {
     pub(crate) fn prepare(args: &VmArgs, plan: &Plan, kernel: kernel::Kernel) -> Result<Guest> {
         let work = workdir()?;
         let guest = Guest { initrd: work.join("initramfs.cpio"), kernel, work };
-        let built = build_initramfs(args, plan, &guest.kernel).and_then(|fs| {
+        let built = build_initramfs(args, plan, &guest.kernel, init::Report::Channel).and_then(|fs| {
             fs.write_file(&guest.initrd)?;
             Ok(fs)
         });
@@ -352,7 +352,14 @@ fn workdir() -> Result<PathBuf> {
     bail!("cannot create a work directory in {}", base.display())
 }
 
-fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<initramfs::Initramfs> {
+/// The guest's root filesystem: fraglab (also as `/init`), the modules, the programs and files the
+/// command needs, and the job. `fraglab vm` boots it; `fraglab lava-job` hands it to a lab.
+pub(crate) fn build_initramfs(
+    args: &VmArgs,
+    plan: &Plan,
+    k: &kernel::Kernel,
+    report: init::Report,
+) -> Result<initramfs::Initramfs> {
     let mut fs = initramfs::Initramfs::new();
     let bin = guestbin::find(args.guest_fraglab.as_deref(), args.verbose)?;
     if args.verbose {
@@ -363,6 +370,7 @@ fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<ini
     } else {
         fs.host_file("/bin/fraglab", &bin.path)?;
     }
+    fs.symlink(init::INIT_PATH, "/bin/fraglab")?;
 
     // Modules: the defaults when present, plus what was asked for.
     let mut module_paths = Vec::new();
@@ -437,6 +445,7 @@ fn build_initramfs(args: &VmArgs, plan: &Plan, k: &kernel::Kernel) -> Result<ini
         path: path_dirs,
         deadline_secs: Some(deadline_secs),
         kill_secs: Some(kill_secs),
+        report,
     };
     fs.bytes(init::JOB_PATH, serde_json::to_vec_pretty(&job)?, 0o644)?;
     Ok(fs)

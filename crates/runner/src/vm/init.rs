@@ -1,7 +1,9 @@
-//! The guest's PID 1 (`fraglab vm --guest-init`, started by the kernel through `rdinit=`): mount
-//! the kernel's filesystems, bring `lo` up, load the modules, run the job as a child, relay its
-//! stdout and stderr, send the results directory and the verdict over the channel, end the guest (a restart, which
-//! `-no-reboot` turns into qemu exiting).
+//! The guest's PID 1 (`fraglab vm --guest-init`, started by the kernel through `rdinit=`, or as
+//! `/init` with no arguments in a LAVA job's initramfs): mount the kernel's filesystems, bring `lo`
+//! up, load the modules, run the job as a child, relay its stdout and stderr, send the results
+//! directory and the verdict over the channel, end the guest (a restart, which `-no-reboot` turns
+//! into qemu exiting). A LAVA job's guest has no channel: it reports on the console instead
+//! ([`crate::lava::console`]) and powers off.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -40,26 +42,65 @@ pub struct Job {
     /// Guest uptime (s) at which whatever is still running after the deadline's SIGTERM is killed.
     #[serde(default)]
     pub kill_secs: Option<u64>,
+    /// Where the output, the results and the verdict go.
+    #[serde(default)]
+    pub report: Report,
 }
+
+/// Where a guest reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Report {
+    /// Frames on the second serial port, read by `fraglab vm` on the host.
+    #[default]
+    Channel,
+    /// Lines on the console, read by LAVA's monitor (and `fraglab lava-results`).
+    Console,
+}
+
+/// The guest path of the initramfs's `/init`, which a kernel runs without `rdinit=`.
+pub const INIT_PATH: &str = "/init";
 
 /// Whether this process runs inside a `fraglab vm` guest: PID 1 is fraglab's guest init. Read from
 /// `/proc/1/cmdline` rather than `FRAGLAB_VM`, so a variable exported on a host cannot pass for a
 /// guest and hide the whole-machine warning.
 pub fn in_guest() -> bool {
     std::fs::read("/proc/1/cmdline")
-        .map(|c| c.split(|&b| b == 0).any(|arg| arg == b"--guest-init"))
+        .map(|c| {
+            c.split(|&b| b == 0).any(|arg| arg == b"--guest-init")
+                || (c == b"/init\0" && Path::new(JOB_PATH).exists())
+        })
         .unwrap_or(false)
 }
 
-/// Never returns: the guest restarts, which ends qemu.
+/// Whether this process is a guest's PID 1 started as `/init`, with no arguments: the kernel
+/// found the initramfs's /init (no `rdinit=`, as on a LAVA device, whose kernel command line the
+/// job does not choose).
+pub fn started_as_init() -> bool {
+    std::process::id() == 1
+        && std::env::args_os().count() == 1
+        && std::env::args_os().next().is_some_and(|a| a == INIT_PATH)
+}
+
+/// Never returns: the guest restarts (or, reporting on the console, powers off), which ends qemu.
 pub fn run() -> ! {
     if std::process::id() != 1 {
         errln!("fraglab vm --guest-init runs only as a guest's PID 1 (rdinit=)");
         std::process::exit(2);
     }
-    match Channel::open() {
+    // Read before anything is mounted: the job says where to report, and so where to say that it
+    // cannot be read. Without it the host's `fraglab vm` is listening on the channel.
+    let job = std::fs::read(JOB_PATH)
+        .with_context(|| format!("cannot read {JOB_PATH}"))
+        .and_then(|j| serde_json::from_slice::<Job>(&j).with_context(|| format!("{JOB_PATH}: bad job")));
+    let report = job.as_ref().map_or(Report::Channel, |j| j.report);
+    let opened = match report {
+        Report::Channel => Channel::open(),
+        Report::Console => Ok(Channel::console()),
+    };
+    match opened {
         Ok(mut ch) => {
-            let verdict = match guest_main(&mut ch) {
+            let verdict = match job.and_then(|job| guest_main(&mut ch, &job)) {
                 Ok(v) => v,
                 Err(e) => {
                     let msg = format!("{e:#}");
@@ -72,11 +113,13 @@ pub fn run() -> ! {
         // The console is all we have; the host sees no verdict and shows the console's last lines.
         Err(e) => errln!("fraglab vm init: cannot open the channel {CHANNEL_TTY}: {e:#}"),
     }
-    end_guest()
+    end_guest(report)
 }
 
+/// Where init's frames go: the channel's serial port, or (`tty` None) the console, where only
+/// the output, init's messages and [`crate::lava::console`]'s report lines are written.
 struct Channel {
-    tty: File,
+    tty: Option<File>,
 }
 
 impl Channel {
@@ -88,13 +131,32 @@ impl Channel {
             .open(CHANNEL_TTY)
             .context("open")?;
         raw_mode(&tty)?;
-        let mut ch = Channel { tty };
-        ch.tty.write_all(channel::MAGIC)?;
-        Ok(ch)
+        let mut tty = tty;
+        tty.write_all(channel::MAGIC)?;
+        Ok(Channel { tty: Some(tty) })
+    }
+
+    /// Reporting on the console (init's stdout and stderr, which the kernel opened on it): the
+    /// boot prompt a LAVA job waits for, then the monitor's start line.
+    fn console() -> Channel {
+        crate::lava::console::ready();
+        Channel { tty: None }
     }
 
     fn frame(&mut self, tag: Tag, payload: &[u8]) {
-        if let Err(e) = channel::write_frame(&mut self.tty, tag, payload) {
+        let Some(tty) = self.tty.as_mut() else {
+            // One write per line or chunk: the kernel's own console messages land between writes.
+            let text = String::from_utf8_lossy(payload);
+            match tag {
+                Tag::Stdout => out!("{text}"),
+                Tag::Stderr => err!("{text}"),
+                Tag::Log => outln!("fraglab: {text}"),
+                Tag::Warn => outln!("fraglab: warning: {text}"),
+                Tag::Results | Tag::Exit => {}
+            }
+            return;
+        };
+        if let Err(e) = channel::write_frame(tty, tag, payload) {
             errln!("fraglab vm init: channel write failed: {e}");
         }
     }
@@ -109,6 +171,11 @@ impl Channel {
 
     /// The results directory, then the verdict; then wait until the UART has sent every byte.
     fn finish(&mut self, verdict: &Verdict) {
+        let Some(tty) = self.tty.as_ref() else {
+            crate::lava::console::report(Path::new(RESULTS_DIR), verdict);
+            return;
+        };
+        let tty = tty.as_raw_fd();
         let mut archive = Vec::new();
         match super::initramfs::pack_dir(Path::new(RESULTS_DIR), &mut archive) {
             Ok(skipped) => {
@@ -122,7 +189,7 @@ impl Channel {
         let v = serde_json::to_vec(verdict).expect("verdict serializes");
         self.frame(Tag::Exit, &v);
         // SAFETY: tcdrain on our own open tty.
-        unsafe { libc::tcdrain(self.tty.as_raw_fd()) };
+        unsafe { libc::tcdrain(tty) };
     }
 }
 
@@ -146,12 +213,11 @@ fn raw_mode(tty: &File) -> Result<()> {
     Ok(())
 }
 
-fn guest_main(ch: &mut Channel) -> Result<Verdict> {
+fn guest_main(ch: &mut Channel, job: &Job) -> Result<Verdict> {
     mount_all(ch);
     if let Err(e) = loopback_up() {
         ch.warn(&format!("cannot bring lo up: {e:#}"));
     }
-    let job: Job = serde_json::from_slice(&std::fs::read(JOB_PATH).context(JOB_PATH)?).context(JOB_PATH)?;
     for m in &job.modules {
         let t = Instant::now();
         match load_module(m) {
@@ -162,7 +228,7 @@ fn guest_main(ch: &mut Channel) -> Result<Verdict> {
     }
     let uptime = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
     ch.log(&format!("running {:?} at uptime {}", job.argv, uptime.split_whitespace().next().unwrap_or("?")));
-    let verdict = run_job(ch, &job)?;
+    let verdict = run_job(ch, job)?;
     if let Ok(t) = std::fs::read_to_string("/proc/sys/kernel/tainted") {
         let taint: u64 = t.trim().parse().unwrap_or(0);
         // D (died: an oops) and W (a WARN) are what a kernel under test should not do.
@@ -373,14 +439,21 @@ fn uptime() -> f64 {
     t.map(|t| t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9).unwrap_or(0.0)
 }
 
-/// End the guest. A restart, not a power-off: qemu runs with `-no-reboot`, so a restart ends it on
-/// every kernel, while a power-off needs ACPI (or another `pm_power_off`) and a kernel without it —
-/// tinyconfig's — only halts, leaving qemu running until the host's timeout.
-fn end_guest() -> ! {
+/// End the guest. For `fraglab vm` a restart, not a power-off: qemu runs with `-no-reboot`, so a
+/// restart ends it on every kernel, while a power-off needs ACPI (or another `pm_power_off`) and a
+/// kernel without it — tinyconfig's — only halts, leaving qemu running until the host's timeout.
+/// A LAVA device restarts into the same job (its qemu has no `-no-reboot`; a board boots again):
+/// power off there, and where that only returns, wait for LAVA to end the job.
+fn end_guest(report: Report) -> ! {
     // SAFETY: sync and reboot(2) take no pointers; as PID 1 we are allowed to restart.
     unsafe {
         libc::sync();
-        libc::reboot(libc::RB_AUTOBOOT);
+        libc::reboot(if report == Report::Console { libc::RB_POWER_OFF } else { libc::RB_AUTOBOOT });
+    }
+    if report == Report::Console {
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
     }
     // reboot only returns on failure; PID 1 exiting panics the kernel, which qemu also ends on.
     std::process::exit(125)

@@ -1,0 +1,275 @@
+//! What a LAVA job's guest says on its console, and reading it back: lines LAVA's `monitors` test
+//! action turns into test cases, and the guest's results directory as text lines that
+//! `fraglab lava-results` takes back out of the job's log.
+//!
+//! ```text
+//! fraglab: ready                                   the boot action's prompt
+//! FRAGLAB-START                                    the monitor's start
+//! … the run's own output, init's and the kernel's messages …
+//! FRAGLAB-RESULT sctp-connect-1 fail 0.0 failed_ops
+//! FRAGLAB-RESULT verdict fail 3 failed_allocations
+//! FRAGLAB-ARCHIVE-BEGIN 88 6279                    lines, bytes (gzip of a cpio newc of /results)
+//! FRAGLAB-ARCHIVE 0 H4sIAAAAAAAA/+y9C3xU…           base64, numbered: a log may repeat or drop one
+//! FRAGLAB-ARCHIVE-END
+//! FRAGLAB-END reproduced                           the monitor's end
+//! ```
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use fraglab_results::load::{Run, Samples};
+use fraglab_results::record::{Verdict, WorkloadRecord};
+
+use crate::vm::channel;
+
+/// The boot action's prompt: init is up.
+pub const READY: &str = "fraglab: ready";
+/// The monitor's start: the command is about to run.
+pub const START: &str = "FRAGLAB-START";
+/// The monitor's end: every result line is out.
+pub const END: &str = "FRAGLAB-END";
+const RESULT: &str = "FRAGLAB-RESULT";
+const ARCHIVE: &str = "FRAGLAB-ARCHIVE";
+/// The monitor's pattern for [`RESULT`] lines: LAVA's named groups. Every line carries a
+/// measurement and its units (LAVA logs a missing optional group as a null measurement).
+pub const PATTERN: &str = r"FRAGLAB-RESULT (?P<test_case_id>\S+) (?P<result>pass|fail|skip|unknown) (?P<measurement>[-+0-9.eE]+) (?P<units>\S+)";
+/// Base64 characters per archive line: well under any console's or log's line limit.
+const ARCHIVE_LINE: usize = 96;
+
+/// LAVA's result for a fraglab verdict: the kernel failed the test (reproduced), passed it (not
+/// reproduced), the test did not run (could not test), or no verdict (interrupted, or none).
+pub fn lava_result(v: Option<Verdict>) -> &'static str {
+    match v {
+        Some(Verdict::Reproduced) => "fail",
+        Some(Verdict::NotReproduced) => "pass",
+        Some(Verdict::CouldNotTest) => "skip",
+        Some(Verdict::Interrupted) | None => "unknown",
+    }
+}
+
+/// One test case: a workload window, or the run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Case {
+    /// `sctp-connect-1`, `tcp-stream-threads-4-2`, `verdict`: letters, digits, `-` and `_` only, so
+    /// the name is the same in LAVA (which lowercases it) and in a KCIDB path.
+    pub name: String,
+    pub verdict: Option<Verdict>,
+    pub reason: String,
+    pub measurement: f64,
+    pub units: &'static str,
+}
+
+/// A name made of letters, digits, `-` and `_`: everything else becomes `_`, runs of it one.
+pub fn word(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        let c = if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' };
+        if !(c == '_' && out.ends_with('_')) {
+            out.push(c);
+        }
+    }
+    out.trim_matches('_').to_string()
+}
+
+/// A window's case name: its kind (with its place among the config's workloads when the kind comes
+/// twice), its sweep point, its iteration.
+pub fn window_case(w: &WorkloadRecord, kind_repeats: bool) -> String {
+    let mut name = word(&w.result.kind);
+    if kind_repeats {
+        name += &format!("-w{}", w.index + 1);
+    }
+    if !w.point.axes.is_empty() {
+        name += &format!("-{}", word(&w.point.label()).replace('_', "-"));
+    }
+    format!("{name}-{}", w.iteration)
+}
+
+/// The run's cases: each workload window ([`crate::verdict::windows`]), then the run's own verdict
+/// (`verdict`) with the failed allocations caught as its measurement.
+pub fn cases(run: &Run) -> Vec<Case> {
+    // A kind twice among the config's workloads: its windows also say which one they are.
+    let repeats = |w: &WorkloadRecord| {
+        let same = run.workloads.iter().filter(|o| o.result.kind == w.result.kind);
+        same.map(|o| o.index).collect::<std::collections::BTreeSet<_>>().len() > 1
+    };
+    let mut cases: Vec<Case> = crate::verdict::windows(run)
+        .into_iter()
+        .map(|v| {
+            let (measurement, units) = v.workload.result.headline();
+            Case {
+                name: window_case(v.workload, repeats(v.workload)),
+                verdict: Some(v.verdict),
+                reason: v.reason,
+                measurement,
+                units,
+            }
+        })
+        .collect();
+    cases.push(Case {
+        name: "verdict".into(),
+        verdict: run.record.verdict,
+        reason: run.record.reason.clone(),
+        measurement: run.failed().count() as f64,
+        units: "failed_allocations",
+    });
+    cases
+}
+
+/// A [`RESULT`] line.
+pub fn result_line(case: &Case) -> String {
+    let m = if case.measurement.is_finite() { case.measurement } else { 0.0 };
+    format!("{RESULT} {} {} {m} {}", case.name, lava_result(case.verdict), case.units)
+}
+
+/// Init is up: the boot action's prompt.
+pub fn ready() {
+    outln!("{READY}");
+}
+
+/// The command is about to run: the monitor starts reading.
+pub fn start() {
+    outln!("{START}");
+}
+
+/// After the command: a case line for each workload window and run under `root`, the results
+/// archive, the end line. Without a run, the command's exit is the one case.
+pub fn report(root: &Path, exit: &channel::Verdict) {
+    let runs = fraglab_results::load::find_runs(root, 4);
+    let mut verdicts = Vec::new();
+    for dir in &runs {
+        let run = match Run::load_with(dir, Samples::Ends) {
+            Ok(run) => run,
+            Err(e) => {
+                outln!("fraglab: cannot read {}: {e:#}", dir.display());
+                continue;
+            }
+        };
+        for mut case in cases(&run) {
+            if runs.len() > 1 {
+                case.name = format!("{}-{}", word(&run.record.name), case.name);
+            }
+            outln!("{}", result_line(&case));
+            outln!(
+                "fraglab: {}: {} — {}",
+                case.name,
+                case.verdict.map_or("no verdict", Verdict::name),
+                case.reason
+            );
+        }
+        verdicts.push(run.record.verdict.map_or("none", Verdict::name));
+    }
+    if verdicts.is_empty() {
+        let case = Case {
+            name: "verdict".into(),
+            verdict: None,
+            reason: format!("no results directory under {}", root.display()),
+            measurement: f64::from(exit.exit_code()),
+            units: "exit_status",
+        };
+        outln!("{}", result_line(&case));
+        outln!("fraglab: {}; the command's {exit:?}", case.reason);
+    }
+    match archive(root) {
+        Ok(lines) => {
+            for l in lines {
+                outln!("{l}");
+            }
+        }
+        Err(e) => outln!("fraglab: cannot archive {}: {e:#}", root.display()),
+    }
+    outln!("{END} {}", if verdicts.is_empty() { "none".to_string() } else { verdicts.join(",") });
+}
+
+/// `root` as [`ARCHIVE`] lines: a cpio newc, gzipped (JSON shrinks tenfold, and the console is a
+/// slow UART), in base64.
+pub fn archive(root: &Path) -> Result<Vec<String>> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    crate::vm::initramfs::pack_dir(root, &mut gz)?;
+    let bytes = gz.finish()?;
+    let text = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    let chunks: Vec<&str> = text
+        .as_bytes()
+        .chunks(ARCHIVE_LINE)
+        .map(|c| std::str::from_utf8(c).expect("base64 is ASCII"))
+        .collect();
+    let mut lines = vec![format!("{ARCHIVE}-BEGIN {} {}", chunks.len(), bytes.len())];
+    lines.extend(chunks.iter().enumerate().map(|(i, c)| format!("{ARCHIVE} {i} {c}")));
+    lines.push(format!("{ARCHIVE}-END"));
+    Ok(lines)
+}
+
+/// The results archive (a cpio newc) out of a log holding [`archive`]'s lines: a console capture,
+/// `lava-run`'s output, or a LAVA server's job log (YAML, each line a record whose `msg` is the
+/// console line). `origin` names the log in errors.
+pub fn unarchive(log: &str, origin: &Path) -> Result<Vec<u8>> {
+    let b64 = |c: char| c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '=');
+    let number = |s: &str| -> Option<usize> {
+        let digits: String = s.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    let mut begin: Option<(usize, usize, usize)> = None;
+    let mut lines: BTreeMap<usize, &str> = BTreeMap::new();
+    for (n, line) in log.lines().enumerate() {
+        if let Some(at) = line.find(&format!("{ARCHIVE}-BEGIN ")) {
+            let mut words = line[at..].split_whitespace().skip(1);
+            let (count, bytes) = (words.next().and_then(number), words.next().and_then(number));
+            let (Some(count), Some(bytes)) = (count, bytes) else {
+                bail!(
+                    "{}:{}: a {ARCHIVE}-BEGIN line without its line and byte counts",
+                    origin.display(),
+                    n + 1
+                )
+            };
+            if let Some((_, _, first)) = begin.filter(|b| (b.0, b.1) != (count, bytes)) {
+                bail!(
+                    "{}:{}: a second results archive (the first began at line {first}): give one job's log",
+                    origin.display(),
+                    n + 1
+                );
+            }
+            begin.get_or_insert((count, bytes, n + 1));
+        } else if let Some(at) = line.find(&format!("{ARCHIVE} ")) {
+            let mut words = line[at + ARCHIVE.len() + 1..].splitn(2, ' ');
+            let (Some(seq), Some(data)) = (words.next().and_then(number), words.next()) else {
+                bail!("{}:{}: a {ARCHIVE} line without its number and data", origin.display(), n + 1)
+            };
+            let data = &data[..data.find(|c: char| !b64(c)).unwrap_or(data.len())];
+            if let Some(other) = lines.insert(seq, data).filter(|o| *o != data) {
+                bail!("{}:{}: archive line {seq} twice, differing ({other:?})", origin.display(), n + 1);
+            }
+        }
+    }
+    let Some((count, bytes, _)) = begin else {
+        bail!(
+            "{}: no results archive ({ARCHIVE}-BEGIN): not the log of a `fraglab lava-job` job, or the guest \
+             never got that far (see the log's end)",
+            origin.display()
+        )
+    };
+    let missing: Vec<String> = (0..count).filter(|i| !lines.contains_key(i)).map(|i| i.to_string()).collect();
+    if !missing.is_empty() {
+        bail!(
+            "{}: {} of the archive's {count} lines are missing (first: {}): the log was cut, or the console \
+             dropped them",
+            origin.display(),
+            missing.len(),
+            missing[..missing.len().min(5)].join(", ")
+        );
+    }
+    let text: String = lines.range(..count).map(|(_, l)| *l).collect();
+    let gz = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .with_context(|| format!("{}: the archive's base64 is damaged", origin.display()))?;
+    if gz.len() != bytes {
+        bail!("{}: the archive has {} bytes, its first line says {bytes}", origin.display(), gz.len());
+    }
+    let mut cpio = Vec::new();
+    // The gzip trailer's CRC-32 and length are checked at its end: a damaged line cannot pass.
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut cpio)
+        .with_context(|| format!("{}: the archive does not decompress", origin.display()))?;
+    Ok(cpio)
+}

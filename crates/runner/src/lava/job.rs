@@ -1,0 +1,281 @@
+//! `fraglab lava-job`: a LAVA job definition for one scenario on one kernel, with the images it
+//! deploys. The initramfs is `fraglab vm`'s ([`crate::vm::boot::build_initramfs`]), told to report
+//! on the console; fraglab is its `/init`, so neither a qemu device nor a board needs `rdinit=`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use crate::cli::{AccelArg, LavaJobArgs, VmArgs};
+use crate::exit::Exit;
+use crate::vm::{boot, init, kernel};
+
+use super::console;
+
+/// What the job's deploy and boot actions take a kernel's first minutes for, on top of the test's
+/// own timeout: fetching two images and booting (a Debian cloud kernel reaches init in ~4 s under
+/// TCG; a board's bootloader and TFTP take longer).
+const DEPLOY_MINUTES: u64 = 5;
+const BOOT_MINUTES: u64 = 5;
+
+/// The checked flags: everything that can be refused is refused here, before a kernel is fetched
+/// or a file written.
+struct Plan {
+    vm: VmArgs,
+    boot: boot::Plan,
+    device: Device,
+    image_url: String,
+    test_minutes: u64,
+    mem_mib: u64,
+    name: String,
+}
+
+/// Where the job runs.
+enum Device {
+    /// A lab's qemu: `deploy to: tmpfs`, `boot method: qemu`.
+    Qemu,
+    /// A board: `deploy to: tftp`, booted by its device type's method.
+    Board { device_type: String, boot_method: String },
+}
+
+pub fn run(args: LavaJobArgs) -> Result<Exit> {
+    let plan = check(&args)?;
+    let cache = kernel::cache_dir();
+    let k = kernel::resolve(&args.kernel, args.modules.as_deref(), &cache, args.verbose)?;
+    let fs = boot::build_initramfs(&plan.vm, &plan.boot, &k, init::Report::Console)?;
+
+    let out = &args.output;
+    std::fs::create_dir_all(out).with_context(|| format!("-o {}", out.display()))?;
+    let kernel_file = k
+        .image
+        .file_name()
+        .map(PathBuf::from)
+        .filter(|f| f != Path::new(RAMDISK))
+        .unwrap_or_else(|| PathBuf::from("bzImage"));
+    let kernel_name = kernel_file.to_string_lossy().into_owned();
+    std::fs::copy(&k.image, out.join(&kernel_file))
+        .with_context(|| format!("copying {} into {}", k.image.display(), out.display()))?;
+    fs.write_file(&out.join(RAMDISK))?;
+    let release = k.release.clone().unwrap_or_else(|| kernel_name.clone());
+    let job = Job {
+        name: args.job_name.clone().unwrap_or_else(|| format!("fraglab {} on {release}", plan.name)),
+        scenario: plan.name.clone(),
+        release,
+        kernel: Image {
+            url: format!("{}{kernel_name}", plan.image_url),
+            sha256: sha256(&out.join(&kernel_file))?,
+        },
+        ramdisk: Image { url: format!("{}{RAMDISK}", plan.image_url), sha256: sha256(&out.join(RAMDISK))? },
+        test_minutes: plan.test_minutes,
+        mem_mib: plan.mem_mib,
+        cpus: args.cpus,
+        no_kvm: args.no_kvm,
+        append: args.append.clone(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+    };
+    let yaml = job.yaml(&plan.device);
+    let path = out.join("job.yaml");
+    std::fs::write(&path, yaml).with_context(|| format!("cannot write {}", path.display()))?;
+    outln!("{}", path.display());
+    errln!(
+        "fraglab lava-job: {} ({}), {} and {} in {}; submit with `lavacli jobs submit {}`{}",
+        job.name,
+        k.origin,
+        kernel_name,
+        RAMDISK,
+        out.display(),
+        path.display(),
+        if plan.image_url.starts_with("file://") {
+            " on a LAVA worker that can read these files (file:// URLs; give --image-url for a lab)"
+        } else {
+            ""
+        }
+    );
+    Ok(Exit::Ok)
+}
+
+/// The initramfs's file name beside job.yaml.
+const RAMDISK: &str = "fraglab-initramfs.cpio";
+
+fn check(args: &LavaJobArgs) -> Result<Plan> {
+    let device = match (args.device_type.as_str(), &args.boot_method) {
+        ("qemu", None) => Device::Qemu,
+        ("qemu", Some(m)) => bail!("--boot-method {m}: a qemu device boots with method qemu; leave it out"),
+        (t, None) => bail!(
+            "--device-type {t}: a board needs --boot-method, the one its device type boots a kernel and \
+             ramdisk from TFTP with (u-boot, ipxe, grub, depthcharge, …)"
+        ),
+        (t, Some(m)) => Device::Board { device_type: t.to_string(), boot_method: m.clone() },
+    };
+    if !args.device_type.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        bail!(
+            "--device-type {:?}: a LAVA device type name has letters, digits, '-', '_' and '.'",
+            args.device_type
+        );
+    }
+    let image_url = match &args.image_url {
+        Some(u) if !u.contains("://") => {
+            bail!("--image-url {u}: give a URL (https://lab.example/fraglab/), where --output will be served")
+        }
+        Some(u) => format!("{}/", u.trim_end_matches('/')),
+        None => {
+            let abs =
+                std::path::absolute(&args.output).with_context(|| format!("-o {}", args.output.display()))?;
+            format!("file://{}/", abs.display().to_string().trim_end_matches('/'))
+        }
+    };
+    let timeout =
+        fraglab_units::parse_duration(&args.timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
+    if timeout < Duration::from_secs(60) {
+        bail!("--timeout {}: give at least 1m (LAVA counts its timeouts in minutes)", args.timeout);
+    }
+    let source = crate::config::Source::read(&args.config)?;
+    let config = source.parse()?;
+    // The same checks `fraglab vm -- run CONFIG` makes, and the files it carries.
+    let vm = VmArgs {
+        kernel: vec![args.kernel.clone()],
+        modules: args.modules.iter().map(|m| m.display().to_string()).collect(),
+        rounds: None,
+        print_kconfig: false,
+        module: args.module.clone(),
+        mem: args.mem.clone(),
+        cpus: args.cpus,
+        numa: 1,
+        numa_from: None,
+        timeout: args.timeout.clone(),
+        results: None,
+        extra_bin: args.extra_bin.clone(),
+        file: Vec::new(),
+        script: None,
+        append: args.append.clone(),
+        accel: AccelArg::Auto,
+        qemu: PathBuf::from("qemu-system-x86_64"),
+        guest_fraglab: args.guest_fraglab.clone(),
+        verbose: args.verbose,
+        keep: false,
+        guest_init: false,
+        command: vec!["run".into(), args.config.display().to_string()],
+    };
+    let plan = boot::check(&vm)?;
+    let mem_mib = fraglab_units::parse_size(&args.mem).map_err(|e| anyhow::anyhow!("--mem: {e}"))? >> 20;
+    Ok(Plan {
+        boot: plan,
+        vm,
+        device,
+        image_url,
+        test_minutes: timeout.as_secs().div_ceil(60),
+        mem_mib,
+        name: config.run.name,
+    })
+}
+
+fn sha256(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h)?;
+    Ok(format!("{:x}", h.finalize()))
+}
+
+struct Image {
+    url: String,
+    sha256: String,
+}
+
+struct Job {
+    name: String,
+    scenario: String,
+    release: String,
+    kernel: Image,
+    ramdisk: Image,
+    test_minutes: u64,
+    mem_mib: u64,
+    cpus: u32,
+    no_kvm: bool,
+    append: Option<String>,
+    command: String,
+}
+
+/// A YAML scalar: a JSON string is a YAML double-quoted one, escapes and all. Written by hand
+/// rather than through a YAML serializer (serde_yaml is unmaintained): the job has one fixed shape.
+fn q(s: &str) -> String {
+    serde_json::to_string(s).expect("a string serializes")
+}
+
+impl Job {
+    fn yaml(&self, device: &Device) -> String {
+        let job_minutes = DEPLOY_MINUTES + BOOT_MINUTES + self.test_minutes;
+        let mut y = format!(
+            "# Written by: {command}\n\
+             # The guest runs the scenario and reports each workload window and the run's verdict as a\n\
+             # test case (reproduced = fail, not reproduced = pass, could not test = skip, no verdict =\n\
+             # unknown); its results directory follows as FRAGLAB-ARCHIVE lines: `fraglab lava-results LOG`.\n\
+             device_type: {device_type}\n\
+             job_name: {name}\n\
+             visibility: public\n\
+             priority: medium\n\
+             timeouts:\n  job: {{minutes: {job_minutes}}}\n  action: {{minutes: {test}}}\n  connection: {{minutes: 2}}\n\
+             metadata:\n  fraglab.scenario: {scenario}\n  fraglab.kernel: {release}\n",
+            command = self.command.replace('\n', " "),
+            device_type = q(match device {
+                Device::Qemu => "qemu",
+                Device::Board { device_type, .. } => device_type,
+            }),
+            name = q(&self.name),
+            test = self.test_minutes.max(DEPLOY_MINUTES).max(BOOT_MINUTES),
+            scenario = q(&self.scenario),
+            release = q(&self.release),
+        );
+        match device {
+            Device::Qemu => {
+                let mut cmdline = "console=ttyS0,115200 loglevel=5".to_string();
+                if let Some(a) = &self.append {
+                    cmdline += " ";
+                    cmdline += a;
+                }
+                y += &format!(
+                    "context:\n  arch: amd64\n  memory: {mem}\n  extra_options: [\"-smp\", \"{cpus}\"]\n{kvm}\
+                     actions:\n\
+                     - deploy:\n    to: tmpfs\n    timeout: {{minutes: {DEPLOY_MINUTES}}}\n    images:\n\
+                     \x20     kernel:\n        image_arg: {karg}\n        url: {kurl}\n        sha256sum: {ksum}\n\
+                     \x20     ramdisk:\n        image_arg: \"-initrd {{ramdisk}}\"\n        url: {rurl}\n        sha256sum: {rsum}\n\
+                     - boot:\n    method: qemu\n    media: tmpfs\n    timeout: {{minutes: {BOOT_MINUTES}}}\n    prompts: [{ready}]\n",
+                    mem = self.mem_mib,
+                    cpus = self.cpus,
+                    kvm = if self.no_kvm { "  no_kvm: true\n" } else { "" },
+                    karg = q(&format!("-kernel {{kernel}} -append \"{cmdline}\"")),
+                    kurl = q(&self.kernel.url),
+                    ksum = q(&self.kernel.sha256),
+                    rurl = q(&self.ramdisk.url),
+                    rsum = q(&self.ramdisk.sha256),
+                    ready = q(console::READY),
+                );
+            }
+            Device::Board { boot_method, .. } => {
+                y += &format!(
+                    "actions:\n\
+                     - deploy:\n    to: tftp\n    timeout: {{minutes: {DEPLOY_MINUTES}}}\n\
+                     \x20   kernel:\n      url: {kurl}\n      sha256sum: {ksum}\n\
+                     \x20   ramdisk:\n      url: {rurl}\n      sha256sum: {rsum}\n\
+                     - boot:\n    method: {method}\n    commands: ramdisk\n    timeout: {{minutes: {BOOT_MINUTES}}}\n    prompts: [{ready}]\n",
+                    kurl = q(&self.kernel.url),
+                    ksum = q(&self.kernel.sha256),
+                    rurl = q(&self.ramdisk.url),
+                    rsum = q(&self.ramdisk.sha256),
+                    method = q(boot_method),
+                    ready = q(console::READY),
+                );
+            }
+        }
+        y += &format!(
+            "- test:\n    timeout: {{minutes: {test}}}\n    monitors:\n    - name: {monitor}\n      start: {start}\n      end: {end}\n      pattern: {pattern}\n",
+            test = self.test_minutes,
+            monitor = q(&format!("fraglab-{}", console::word(&self.scenario))),
+            start = q(console::START),
+            end = q(console::END),
+            pattern = q(console::PATTERN),
+        );
+        y
+    }
+}
