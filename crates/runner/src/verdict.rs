@@ -242,4 +242,110 @@ mod tests {
         let (v, _) = run(&expect(&["ENOMEM"], None, &["sctp_datamsg_from_user"]), 3, &[], &caught(), &[]);
         assert_eq!(v, Verdict::Reproduced);
     }
+
+    use fraglab_results::record::{Phase, PlanRecord, RunRecord, Window, WindowTarget};
+    use fraglab_results::workload::{ErrnoCount, WorkloadResult};
+
+    /// A run of four tcp-stream windows, 1 s each from 10 s, 12 s, 14 s and 16 s on the monotonic
+    /// clock; the capture's two order-4 SCTP failures (15.355 s, 15.359 s) fall in the third.
+    fn four_windows() -> Run {
+        let window = |i: usize| Window {
+            kind: "tcp-stream".into(),
+            point: fraglab_results::point::Point::none(),
+            iteration: i as u32 + 1,
+            index: 0,
+        };
+        let record = RunRecord {
+            plan: Some(PlanRecord { catch_min_order: 4, ..Default::default() }),
+            phases: (0..4)
+                .map(|i| Phase {
+                    name: window(i).phase_name(),
+                    start_ns: (10 + 2 * i as u64) * 1_000_000_000,
+                    end_ns: (11 + 2 * i as u64) * 1_000_000_000 + if i == 2 { 500_000_000 } else { 0 },
+                    secs: 1.0,
+                    workload: Some(window(i)),
+                })
+                .collect(),
+            ..RunRecord::new("windows")
+        };
+        let workloads = (0..4)
+            .map(|i| WorkloadRecord {
+                point: fraglab_results::point::Point::none(),
+                sysctls: Vec::new(),
+                iteration: i as u32 + 1,
+                index: 0,
+                result: WorkloadResult { kind: "tcp-stream".into(), ..Default::default() },
+                target: Some(WindowTarget {
+                    held: true,
+                    window_s: 1.0,
+                    lost_s: 0.0,
+                    losses: 0,
+                    tolerance_s: 0.05,
+                    order: 4,
+                    worst: None,
+                }),
+            })
+            .collect();
+        Run {
+            dir: "windows".into(),
+            record,
+            workloads,
+            samples: Vec::new(),
+            failures: caught(),
+            baseline: None,
+            final_: None,
+            notes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn each_window_is_judged_by_its_own_errnos_failures_and_target() {
+        let mut run = four_windows();
+        // Window 1 saw ENOMEM itself; window 2 lost its target; window 3 had the kernel fail two
+        // order-4 allocations while it ran; window 4 saw nothing and held. The THP failures (15.28 s,
+        // 20.19 s: one in window 3, one after every window) fall back and count for none.
+        run.workloads[0].result.errors.push(ErrnoCount {
+            errno: "ENOMEM".into(),
+            code: 12,
+            count: 3,
+            first_seen_s: 0.1,
+        });
+        run.workloads[1].target.as_mut().unwrap().held = false;
+        run.workloads[1].target.as_mut().unwrap().lost_s = 0.4;
+        let v = windows(&run);
+        let got: Vec<(Verdict, usize)> = v.iter().map(|w| (w.verdict, w.caught)).collect();
+        assert_eq!(
+            got,
+            [
+                (Verdict::Reproduced, 0),
+                (Verdict::CouldNotTest, 0),
+                (Verdict::Reproduced, 3),
+                (Verdict::NotReproduced, 0)
+            ],
+            "{:?}",
+            v.iter().map(|w| &w.reason).collect::<Vec<_>>()
+        );
+        assert!(v[0].reason.contains("ENOMEM seen 3 times"), "{}", v[0].reason);
+        assert!(v[1].reason.contains("but the target was lost for 0.400 s"), "{}", v[1].reason);
+        assert!(
+            v[2].reason.starts_with("2 failed allocations of order ≥ 4 that surfaced"),
+            "{}",
+            v[2].reason
+        );
+
+        // A window a signal cut short cannot say "not reproduced"; one whose phase run.json lacks
+        // cannot either.
+        run.workloads[3].result.details.insert("stopped_by_signal".into(), serde_json::Value::Bool(true));
+        run.record.phases[1].workload = None;
+        let v = windows(&run);
+        assert_eq!(v[3].verdict, Verdict::Interrupted, "{}", v[3].reason);
+        assert_eq!(v[1].verdict, Verdict::CouldNotTest, "{}", v[1].reason);
+        run.workloads[1].target.as_mut().unwrap().held = true;
+        let v = windows(&run);
+        assert!(v[1].reason.ends_with("but run.json has no phase for this window"), "{}", v[1].reason);
+
+        // Schema 1 stored no plan: nothing can be judged again.
+        run.record.plan = None;
+        assert!(windows(&run).iter().all(|w| w.verdict == Verdict::CouldNotTest));
+    }
 }

@@ -15,10 +15,15 @@ use crate::cli::{ExportArgs, ExportFormat, KcidbArgs};
 use crate::exit::Exit;
 use crate::lava::console::{self, word};
 
+/// `fraglab export`. Exit 0, or 255 on an error (nothing written).
 pub fn run(args: ExportArgs) -> Result<Exit> {
-    match args.format {
+    let written = match args.format {
         ExportFormat::Kcidb(k) => kcidb(k),
-    }
+    };
+    written.or_else(|e| {
+        errln!("fraglab export: {e:#}");
+        Ok(Exit::Error)
+    })
 }
 
 /// The schema version written.
@@ -193,10 +198,15 @@ fn kcidb(args: KcidbArgs) -> Result<Exit> {
         let build_id = builds
             .entry((release.to_string(), r.arch.clone()))
             .or_insert_with(|| {
-                let id = match r.arch.as_str() {
-                    "" => format!("{checkout_id}:{release}"),
-                    arch => format!("{checkout_id}:{release}:{arch}"),
+                // The checkout is the release when no commit is given: the build adds nothing to it
+                // but the architecture.
+                let mut id = match &args.git_commit {
+                    Some(commit) => format!("{origin}:{commit}:{release}"),
+                    None => checkout_id.clone(),
                 };
+                if !r.arch.is_empty() {
+                    id += &format!(":{}", r.arch);
+                }
                 submission.builds.push(Build {
                     id: id.clone(),
                     origin: origin.clone(),

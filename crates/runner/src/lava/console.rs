@@ -34,8 +34,11 @@ pub const END: &str = "FRAGLAB-END";
 const RESULT: &str = "FRAGLAB-RESULT";
 const ARCHIVE: &str = "FRAGLAB-ARCHIVE";
 /// The monitor's pattern for [`RESULT`] lines: LAVA's named groups. Every line carries a
-/// measurement and its units (LAVA logs a missing optional group as a null measurement).
-pub const PATTERN: &str = r"FRAGLAB-RESULT (?P<test_case_id>\S+) (?P<result>pass|fail|skip|unknown) (?P<measurement>[-+0-9.eE]+) (?P<units>\S+)";
+/// measurement and its units (LAVA logs a missing optional group as a null measurement). It ends at
+/// the line's end: LAVA matches the console as it streams in, and a bare `\S+` took `faile` of a
+/// `failed_allocations` whose rest had not arrived yet. Not `\r?\n`: through the pty LAVA reads
+/// qemu from, a console line ends `\r\r\n`.
+pub const PATTERN: &str = r"FRAGLAB-RESULT (?P<test_case_id>\S+) (?P<result>pass|fail|skip|unknown) (?P<measurement>[-+0-9.eE]+) (?P<units>\S+)[\r\n]";
 /// Base64 characters per archive line: well under any console's or log's line limit.
 const ARCHIVE_LINE: usize = 96;
 

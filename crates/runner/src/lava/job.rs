@@ -40,8 +40,16 @@ enum Device {
     Board { device_type: String, boot_method: String },
 }
 
+/// `fraglab lava-job`. Its failures exit 255: nothing was tested.
 pub fn run(args: LavaJobArgs) -> Result<Exit> {
-    let plan = check(&args)?;
+    write(&args).or_else(|e| {
+        errln!("fraglab lava-job: {e:#}");
+        Ok(Exit::Error)
+    })
+}
+
+fn write(args: &LavaJobArgs) -> Result<Exit> {
+    let plan = check(args)?;
     let cache = kernel::cache_dir();
     let k = kernel::resolve(&args.kernel, args.modules.as_deref(), &cache, args.verbose)?;
     let fs = boot::build_initramfs(&plan.vm, &plan.boot, &k, init::Report::Console)?;
@@ -229,7 +237,10 @@ impl Job {
         );
         match device {
             Device::Qemu => {
-                let mut cmdline = "console=ttyS0,115200 loglevel=5".to_string();
+                // loglevel 6: LAVA's boot action waits for the kernel's `Linux version` banner, a
+                // notice (level 5), which `fraglab vm`'s loglevel=5 hides; info stays off the
+                // emulated console.
+                let mut cmdline = "console=ttyS0,115200 loglevel=6".to_string();
                 if let Some(a) = &self.append {
                     cmdline += " ";
                     cmdline += a;

@@ -11,8 +11,16 @@ use anyhow::{bail, Context, Result};
 use crate::cli::LavaResultsArgs;
 use crate::exit::Exit;
 
-/// `fraglab lava-results LOG -o DIR`: the guest's /results out of a job's log, into DIR.
+/// `fraglab lava-results LOG -o DIR`: the guest's /results out of a job's log, into DIR. Exit 0,
+/// 1 when the guest wrote no results directory, 255 when the log has no whole archive.
 pub fn results(args: LavaResultsArgs) -> Result<Exit> {
+    fetch(&args).or_else(|e| {
+        errln!("fraglab lava-results: {e:#}");
+        Ok(Exit::Error)
+    })
+}
+
+fn fetch(args: &LavaResultsArgs) -> Result<Exit> {
     let log = if args.log.as_os_str() == "-" {
         let mut s = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading the log from stdin")?;

@@ -161,6 +161,13 @@ impl Channel {
         }
     }
 
+    /// The command is about to run: on the console, the line LAVA's monitor starts reading at.
+    fn start(&mut self) {
+        if self.tty.is_none() {
+            crate::lava::console::start();
+        }
+    }
+
     fn log(&mut self, msg: &str) {
         self.frame(Tag::Log, msg.as_bytes());
     }
@@ -228,6 +235,7 @@ fn guest_main(ch: &mut Channel, job: &Job) -> Result<Verdict> {
     }
     let uptime = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
     ch.log(&format!("running {:?} at uptime {}", job.argv, uptime.split_whitespace().next().unwrap_or("?")));
+    ch.start();
     let verdict = run_job(ch, job)?;
     if let Ok(t) = std::fs::read_to_string("/proc/sys/kernel/tainted") {
         let taint: u64 = t.trim().parse().unwrap_or(0);
