@@ -245,6 +245,11 @@ impl Job {
                     cmdline += " ";
                     cmdline += a;
                 }
+                // One word of qemu's command line, which LAVA joins with spaces and pexpect splits
+                // again: double quotes keep the spaces, and within them nothing escapes a `"` — so a
+                // parameter's own quotes (`x="a b"`) go in single quotes between double-quoted runs.
+                let word: Vec<String> = cmdline.split('"').map(|run| format!("\"{run}\"")).collect();
+                let cmdline = word.join("'\"'");
                 y += &format!(
                     "context:\n  arch: amd64\n  memory: {mem}\n  extra_options: [\"-smp\", \"{cpus}\"]\n{kvm}\
                      actions:\n\
@@ -255,7 +260,7 @@ impl Job {
                     mem = self.mem_mib,
                     cpus = self.cpus,
                     kvm = if self.no_kvm { "  no_kvm: true\n" } else { "" },
-                    karg = q(&format!("-kernel {{kernel}} -append \"{cmdline}\"")),
+                    karg = q(&format!("-kernel {{kernel}} -append {cmdline}")),
                     kurl = q(&self.kernel.url),
                     ksum = q(&self.kernel.sha256),
                     rurl = q(&self.ramdisk.url),
