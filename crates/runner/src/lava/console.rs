@@ -276,3 +276,87 @@ pub fn unarchive(log: &str, origin: &Path) -> Result<Vec<u8>> {
         .with_context(|| format!("{}: the archive does not decompress", origin.display()))?;
     Ok(cpio)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A results tree of a few sizes (the archive's last line is short or full), its archive lines
+    /// as a LAVA job log carries them: each line a YAML record, the records out of order, one
+    /// repeated.
+    #[test]
+    fn the_archive_comes_back_out_of_a_job_log_whole_or_not_at_all() {
+        for size in [0usize, 1, 71, 72, 5000, 300_000] {
+            let root = std::env::temp_dir().join(format!("fraglab-archive-{}-{size}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::create_dir_all(root.join("results/run-1")).unwrap();
+            // Incompressible bytes, so the archive spans many lines.
+            let data: Vec<u8> =
+                (0..size).map(|i| (i as u64).wrapping_mul(2654435761).to_le_bytes()[3]).collect();
+            std::fs::write(root.join("results/run-1/run.json"), &data).unwrap();
+            let lines = archive(&root).unwrap();
+            assert!(lines.iter().all(|l| l.len() <= ARCHIVE_LINE + 30), "{lines:?}");
+            let mut log: Vec<String> = lines
+                .iter()
+                .map(|l| {
+                    format!("- {{\"dt\": \"2026-12-04T23:29:10\", \"lvl\": \"target\", \"msg\": \"{l}\"}}")
+                })
+                .collect();
+            let n = log.len();
+            log.swap(1, n - 2);
+            log.push(log[1].clone());
+            log.insert(0, "[    1.7] kernel line".into());
+            let cpio = unarchive(&log.join("\n"), Path::new("job.log")).unwrap();
+            let out = root.join("out");
+            crate::vm::initramfs::unpack(&cpio, &out).unwrap();
+            assert_eq!(std::fs::read(out.join("results/run-1/run.json")).unwrap(), data, "{size} bytes");
+
+            // A missing line, a damaged one, none at all: refused, saying which.
+            if lines.len() > 3 {
+                let mut cut = lines.clone();
+                cut.remove(2);
+                let e = unarchive(&cut.join("\n"), Path::new("job.log")).unwrap_err();
+                assert!(
+                    format!("{e:#}").contains("1 of the archive's") && format!("{e:#}").contains("first: 1"),
+                    "{e:#}"
+                );
+                let mut bad = lines.clone();
+                let l = &mut bad[2];
+                let flip = if l.ends_with('A') { 'B' } else { 'A' };
+                l.pop();
+                l.push(flip);
+                let e = unarchive(&bad.join("\n"), Path::new("job.log")).unwrap_err();
+                assert!(format!("{e:#}").starts_with("job.log: the archive"), "{e:#}");
+            }
+            std::fs::remove_dir_all(&root).unwrap();
+        }
+        let e =
+            unarchive("FRAGLAB-RESULT verdict pass 0 failed_allocations\n", Path::new("x.log")).unwrap_err();
+        assert!(format!("{e:#}").contains("x.log: no results archive"), "{e:#}");
+    }
+
+    #[test]
+    fn case_names_are_words_lava_and_kcidb_both_keep() {
+        assert_eq!(word("trigger pipe-resize"), "trigger_pipe-resize");
+        assert_eq!(word("(none)"), "none");
+        assert_eq!(word("sysctl.net.core.x=1 threads=4"), "sysctl_net_core_x_1_threads_4");
+        let verdicts = [
+            (Some(Verdict::Reproduced), "fail"),
+            (Some(Verdict::NotReproduced), "pass"),
+            (Some(Verdict::CouldNotTest), "skip"),
+            (Some(Verdict::Interrupted), "unknown"),
+            (None, "unknown"),
+        ];
+        for (v, r) in verdicts {
+            assert_eq!(lava_result(v), r);
+        }
+        let case = Case {
+            name: "verdict".into(),
+            verdict: Some(Verdict::Reproduced),
+            reason: String::new(),
+            measurement: f64::NAN,
+            units: "failed_allocations",
+        };
+        assert_eq!(result_line(&case), "FRAGLAB-RESULT verdict fail 0 failed_allocations");
+    }
+}
