@@ -92,11 +92,12 @@ pub struct LavaJobArgs {
     /// The scenario: a `fraglab run` config (its profile file comes along).
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
-    /// The LAVA device type: `qemu`, or a board's (which then needs --boot-method).
+    /// The LAVA device type: `qemu`, or an x86-64 board's (which then needs --boot-method; its
+    /// kernel command line and hardware come from its device dictionary).
     #[arg(long, default_value = "qemu", value_name = "NAME")]
     pub device_type: String,
     /// How the board boots the kernel and ramdisk LAVA puts on its TFTP server: its device type's
-    /// boot method (u-boot, ipxe, grub, depthcharge, …).
+    /// boot method (ipxe, grub, depthcharge, …).
     #[arg(long, value_name = "METHOD")]
     pub boot_method: Option<String>,
     /// Where to write job.yaml, the kernel and the initramfs.
@@ -116,7 +117,7 @@ pub struct LavaJobArgs {
     /// before it, so its results still come out.
     #[arg(long, default_value = "600s", value_name = "DURATION")]
     pub timeout: String,
-    /// The lab's qemu has no KVM (or cannot run this guest under it): TCG.
+    /// The lab's qemu has no KVM (or cannot run this guest under it): TCG (qemu).
     #[arg(long)]
     pub no_kvm: bool,
     /// Also load this module (with its dependencies).

@@ -84,7 +84,7 @@ fn every_lava_job_passes_lava_commons_schema_and_bad_input_writes_nothing() {
     let dir = |n: &str| base.join(n).display().to_string();
     let config = "configs/quickstart.toml";
     // A qemu device with the defaults; one with other memory, CPUs, timeout, kernel arguments that
-    // need quoting, a lab's image URL and a name with quotes; two boards, an ARM one on u-boot and
+    // need quoting, a lab's image URL and a name with quotes; two x86 boards, one on GRUB and
     // an x86 one on iPXE.
     let variants: Vec<Vec<String>> = vec![
         vec!["--kernel", "debian-cloud", "--config", config, "-o", &dir("qemu")],
@@ -117,9 +117,9 @@ fn every_lava_job_passes_lava_commons_schema_and_bad_input_writes_nothing() {
             "-o",
             &dir("uboot"),
             "--device-type",
-            "beaglebone-black",
+            "x86-grub-board",
             "--boot-method",
-            "u-boot",
+            "grub",
             "--timeout",
             "45m",
         ],
@@ -214,13 +214,15 @@ print(words[words.index("-append") + 1])
         "{}",
         text(&append)
     );
-    let uboot = std::fs::read_to_string(&jobs[2]).unwrap();
-    assert!(
-        uboot.contains("to: tftp") && uboot.contains("method: \"u-boot\"") && uboot.contains("minutes: 45"),
-        "{uboot}"
-    );
+    // A board: TFTP, its boot method, LAVA told to leave the ramdisk as it is (no overlay to
+    // repack), and the boot action's timeout covering the test's (it is the console's).
+    let board = std::fs::read_to_string(&jobs[2]).unwrap();
+    assert!(board.contains("to: tftp") && board.contains("method: \"grub\""), "{board}");
+    assert!(board.contains("install_overlay: false") && board.contains("install_modules: false"), "{board}");
+    assert!(board.contains("commands: ramdisk\n    timeout: {minutes: 50}"), "{board}");
 
     // Bad input: 255, a message naming the flag, and no directory written.
+    let long_name = "x".repeat(201);
     for (args, says) in [
         (vec!["--device-type", "myboard"], "needs --boot-method"),
         (vec!["--boot-method", "u-boot"], "a qemu device boots with method qemu"),
@@ -228,6 +230,12 @@ print(words[words.index("-append") + 1])
         (vec!["--image-url", "lab.example/x"], "--image-url lab.example/x: give a URL"),
         (vec!["--device-type", "my board", "--boot-method", "ipxe"], "--device-type \"my board\""),
         (vec!["--mem", "64M"], "--mem 64.00 MiB: give at least 128MiB"),
+        (
+            vec!["--device-type", "b", "--boot-method", "ipxe", "--append", "x=1"],
+            "--append: a board's kernel command line",
+        ),
+        (vec!["--device-type", "b", "--boot-method", "ipxe", "--no-kvm"], "--no-kvm is for a qemu device"),
+        (vec!["--job-name", &long_name], "LAVA takes 1 to 200 characters"),
     ] {
         let out_dir = dir("refused");
         let mut all = vec!["--kernel", "debian-cloud", "--config", config, "-o", &out_dir];
@@ -401,6 +409,9 @@ fn a_lava_job_runs_under_lava_run_and_its_results_come_back() {
     assert!(said.contains("lava lava-test-monitor pass") && said.contains("job result: pass"), "{said}");
     let boot = std::fs::read_to_string(lava_out.join("lava.log")).unwrap();
     assert!(boot.contains("-m 1280"), "the device gets the job's memory");
+    // The monitor waits on the console connection with the boot action's timeout: it must cover the
+    // test's 5 minutes (a run longer than the boot's own 5 would otherwise lose every result).
+    assert!(boot.contains("test monitoring timeout: 600 seconds"), "the monitor's timeout");
 
     // The guest's results, out of LAVA's log.
     let results = base.join("results");

@@ -10,6 +10,7 @@ use fraglab_results::load::{Run, Samples};
 use fraglab_results::record::{RunStatus, Verdict};
 use serde::Serialize;
 use serde_json::{json, Value};
+use sha2::Digest;
 
 use crate::cli::{ExportArgs, ExportFormat, KcidbArgs};
 use crate::exit::Exit;
@@ -144,6 +145,8 @@ fn kcidb(args: KcidbArgs) -> Result<Exit> {
             bail!("--git-commit {c}: give the full 40-hex-digit SHA-1 (git rev-parse HEAD)");
         }
     }
+    // KCIDB takes lowercase hex only.
+    let git_commit = args.git_commit.as_ref().map(|c| c.to_ascii_lowercase());
     if let Some(u) = &args.git_url {
         if !u.starts_with("https://") {
             bail!("--git-url {u}: KCIDB takes https:// repository URLs only");
@@ -183,7 +186,7 @@ fn kcidb(args: KcidbArgs) -> Result<Exit> {
     for run in &runs {
         let r = &run.record;
         let release = if r.kernel_release.is_empty() { "unknown" } else { r.kernel_release.as_str() };
-        let checkout_id = format!("{origin}:{}", args.git_commit.as_deref().unwrap_or(release));
+        let checkout_id = format!("{origin}:{}", git_commit.as_deref().unwrap_or(release));
         if !submission.checkouts.iter().any(|c| c.id == checkout_id) {
             submission.checkouts.push(Checkout {
                 id: checkout_id.clone(),
@@ -191,7 +194,7 @@ fn kcidb(args: KcidbArgs) -> Result<Exit> {
                 tree_name: args.tree.clone(),
                 git_repository_url: args.git_url.clone(),
                 git_repository_branch: args.git_branch.clone(),
-                git_commit_hash: args.git_commit.clone(),
+                git_commit_hash: git_commit.clone(),
                 valid: true,
             });
         }
@@ -200,7 +203,7 @@ fn kcidb(args: KcidbArgs) -> Result<Exit> {
             .or_insert_with(|| {
                 // The checkout is the release when no commit is given: the build adds nothing to it
                 // but the architecture.
-                let mut id = match &args.git_commit {
+                let mut id = match &git_commit {
                     Some(commit) => format!("{origin}:{commit}:{release}"),
                     None => checkout_id.clone(),
                 };
@@ -241,12 +244,19 @@ fn kcidb(args: KcidbArgs) -> Result<Exit> {
 /// A run's tests: the run, then each workload window under it.
 fn tests(run: &Run, origin: &str, build_id: &str, results_url: Option<&str>) -> Result<Vec<Test>> {
     let r = &run.record;
-    let dir_name = run.dir.file_name().map_or("run".into(), |n| n.to_string_lossy().into_owned());
+    let abs = std::path::absolute(&run.dir).unwrap_or_else(|_| run.dir.clone());
+    let dir_name = abs.file_name().map_or("run".into(), |n| n.to_string_lossy().into_owned());
     let host = match word(&r.host) {
         h if h.is_empty() => "unknown".to_string(),
         h => h,
     };
-    let run_id = format!("{origin}:{host}:{dir_name}");
+    // Host and directory name do not make a run unique: every guest's hostname is `(none)`, and
+    // rounds of one job started on several devices in the same second share a name. run.json's
+    // hash does, and exporting the same run again gives the same id.
+    let record = std::fs::read(run.dir.join("run.json"))
+        .with_context(|| format!("cannot read {}", run.dir.join("run.json").display()))?;
+    let hash = format!("{:x}", sha2::Sha256::digest(&record));
+    let run_id = format!("{origin}:{host}:{dir_name}:{}", &hash[..12]);
     let scenario = match word(&r.name) {
         n if n.is_empty() => "run".to_string(),
         n => n,
@@ -260,14 +270,13 @@ fn tests(run: &Run, origin: &str, build_id: &str, results_url: Option<&str>) -> 
         (Some(s), Some(f)) => f.duration_since(s).ok().map(|d| d.as_secs_f64()),
         _ => None,
     };
-    let abs = std::path::absolute(&run.dir).unwrap_or_else(|_| run.dir.clone());
     let output_files: Vec<Resource> = OUTPUT_FILES
         .iter()
         .filter(|f| run.dir.join(f).is_file())
         .map(|f| Resource {
             name: f.to_string(),
             url: match results_url {
-                Some(base) => format!("{}/{dir_name}/{f}", base.trim_end_matches('/')),
+                Some(base) => format!("{}/{}/{f}", base.trim_end_matches('/'), percent_encoded(&dir_name)),
                 None => file_url(&abs.join(f)),
             },
         })
@@ -290,7 +299,7 @@ fn tests(run: &Run, origin: &str, build_id: &str, results_url: Option<&str>) -> 
             run_case.verdict.map_or("no verdict", Verdict::name),
             run_case.reason
         ),
-        start_time: start.map(|_| r.started.clone()),
+        start_time: start.map(rfc3339),
         duration,
         number: Some(Number { value: run_case.measurement, unit: Some(run_case.units.replace('_', " ")) }),
         environment,
@@ -314,7 +323,7 @@ fn tests(run: &Run, origin: &str, build_id: &str, results_url: Option<&str>) -> 
             path: format!("fraglab.{scenario}.{}", case.name),
             status: kcidb_status(case.verdict),
             comment: format!("{}: {}", case.verdict.map_or("no verdict", Verdict::name), case.reason),
-            start_time: Some(result.started.clone()).filter(|s| humantime::parse_rfc3339_weak(s).is_ok()),
+            start_time: humantime::parse_rfc3339_weak(&result.started).ok().map(rfc3339),
             duration: Some(result.duration_s),
             number: Some(Number { value: case.measurement, unit: Some(case.units.replace('_', " ")) }),
             environment: Environment { comment: tests[0].environment.comment.clone(), misc: tests[0].environment.misc.clone() },
@@ -335,19 +344,27 @@ fn tests(run: &Run, origin: &str, build_id: &str, results_url: Option<&str>) -> 
     Ok(tests)
 }
 
-/// `file://` and the path, each byte outside RFC 3986's unreserved set and `/` percent-encoded (a
-/// URI has no spaces).
+/// A time as KCIDB's `date-time` takes it, whatever the stored text's form.
+fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// `file://` and the path, percent-encoded.
 fn file_url(path: &Path) -> String {
-    let mut url = String::from("file://");
-    for b in path.as_os_str().as_encoded_bytes() {
+    format!("file://{}", percent_encoded(&path.to_string_lossy()))
+}
+
+/// Each byte outside RFC 3986's unreserved set and `/` percent-encoded: a URI has no spaces (a run's
+/// name may).
+fn percent_encoded(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
         match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
-                url.push(*b as char)
-            }
-            _ => url += &format!("%{b:02X}"),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => out.push(b as char),
+            _ => out += &format!("%{b:02X}"),
         }
     }
-    url
+    out
 }
 
 /// The failed allocations, grouped as the kernel reported them: order, gfp flags, task, the call

@@ -57,7 +57,8 @@ pub fn lava_result(v: Option<Verdict>) -> &'static str {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Case {
     /// `sctp-connect-1`, `tcp-stream-threads-4-2`, `verdict`: letters, digits, `-` and `_` only, so
-    /// the name is the same in LAVA (which lowercases it) and in a KCIDB path.
+    /// that it is a KCIDB path component as it is, and LAVA's case name once lowercased with `-`
+    /// made `_`.
     pub name: String,
     pub verdict: Option<Verdict>,
     pub reason: String,
@@ -121,7 +122,7 @@ pub fn cases(run: &Run) -> Vec<Case> {
     cases
 }
 
-/// A [`RESULT`] line.
+/// A [`RESULT`] line. LAVA lowercases its case name and turns `-` into `_`.
 pub fn result_line(case: &Case) -> String {
     let m = if case.measurement.is_finite() { case.measurement } else { 0.0 };
     format!("{RESULT} {} {} {m} {}", case.name, lava_result(case.verdict), case.units)
@@ -165,10 +166,18 @@ pub fn report(root: &Path, exit: &channel::Verdict) {
         verdicts.push(run.record.verdict.map_or("none", Verdict::name));
     }
     if verdicts.is_empty() {
+        // The command's exit says what it can: 125 is fraglab's "could not test" (a kernel
+        // without tracefs, a config this machine cannot run), anything else no verdict.
+        let verdict =
+            (exit.exit_code() == crate::exit::Exit::CouldNotTest.code()).then_some(Verdict::CouldNotTest);
+        let reason = match runs.len() {
+            0 => format!("no results directory under {}", root.display()),
+            n => format!("{n} results directories under {} could not be read (above)", root.display()),
+        };
         let case = Case {
             name: "verdict".into(),
-            verdict: None,
-            reason: format!("no results directory under {}", root.display()),
+            verdict,
+            reason,
             measurement: f64::from(exit.exit_code()),
             units: "exit_status",
         };
@@ -190,7 +199,9 @@ pub fn report(root: &Path, exit: &channel::Verdict) {
 /// slow UART), in base64.
 pub fn archive(root: &Path) -> Result<Vec<String>> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    crate::vm::initramfs::pack_dir(root, &mut gz)?;
+    for skipped in crate::vm::initramfs::pack_dir(root, &mut gz)? {
+        outln!("fraglab: results: skipped {} (not a file or directory)", skipped.display());
+    }
     let bytes = gz.finish()?;
     let text = base64::engine::general_purpose::STANDARD.encode(&bytes);
     let chunks: Vec<&str> = text

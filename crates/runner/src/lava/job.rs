@@ -19,6 +19,8 @@ use super::console;
 /// TCG; a board's bootloader and TFTP take longer).
 const DEPLOY_MINUTES: u64 = 5;
 const BOOT_MINUTES: u64 = 5;
+/// LAVA's job-name limit.
+const JOB_NAME_MAX: usize = 200;
 
 /// The checked flags: everything that can be refused is refused here, before a kernel is fetched
 /// or a file written.
@@ -63,12 +65,21 @@ fn write(args: &LavaJobArgs) -> Result<Exit> {
         .filter(|f| f != Path::new(RAMDISK))
         .unwrap_or_else(|| PathBuf::from("bzImage"));
     let kernel_name = kernel_file.to_string_lossy().into_owned();
-    std::fs::copy(&k.image, out.join(&kernel_file))
-        .with_context(|| format!("copying {} into {}", k.image.display(), out.display()))?;
+    let dest = out.join(&kernel_file);
+    // A job written again into the directory its kernel already sits in: copying a file onto
+    // itself truncates it first.
+    let same =
+        matches!((std::fs::canonicalize(&k.image), std::fs::canonicalize(&dest)), (Ok(a), Ok(b)) if a == b);
+    if !same {
+        std::fs::copy(&k.image, &dest)
+            .with_context(|| format!("copying {} into {}", k.image.display(), out.display()))?;
+    }
     fs.write_file(&out.join(RAMDISK))?;
     let release = k.release.clone().unwrap_or_else(|| kernel_name.clone());
     let job = Job {
-        name: args.job_name.clone().unwrap_or_else(|| format!("fraglab {} on {release}", plan.name)),
+        name: args.job_name.clone().unwrap_or_else(|| {
+            format!("fraglab {} on {release}", plan.name).chars().take(JOB_NAME_MAX).collect()
+        }),
         scenario: plan.name.clone(),
         release,
         kernel: Image {
@@ -81,7 +92,7 @@ fn write(args: &LavaJobArgs) -> Result<Exit> {
         cpus: args.cpus,
         no_kvm: args.no_kvm,
         append: args.append.clone(),
-        command: std::env::args().collect::<Vec<_>>().join(" "),
+        command: std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" "),
     };
     let yaml = job.yaml(&plan.device);
     let path = out.join("job.yaml");
@@ -117,6 +128,20 @@ fn check(args: &LavaJobArgs) -> Result<Plan> {
         ),
         (t, Some(m)) => Device::Board { device_type: t.to_string(), boot_method: m.clone() },
     };
+    if matches!(device, Device::Board { .. }) {
+        // A board's kernel command line and hardware come from its device dictionary.
+        let qemu_only = [(args.append.is_some(), "--append"), (args.no_kvm, "--no-kvm")];
+        if let Some((_, flag)) = qemu_only.iter().find(|(given, _)| *given) {
+            bail!(
+                "{flag}: a board's kernel command line and hardware come from its device dictionary \
+                 (--device-type {}); {flag} is for a qemu device",
+                args.device_type
+            );
+        }
+    }
+    if let Some(n) = args.job_name.as_ref().filter(|n| n.is_empty() || n.chars().count() > JOB_NAME_MAX) {
+        bail!("--job-name {n:?}: LAVA takes 1 to {JOB_NAME_MAX} characters");
+    }
     if !args.device_type.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
         bail!(
             "--device-type {:?}: a LAVA device type name has letters, digits, '-', '_' and '.'",
@@ -214,6 +239,11 @@ fn q(s: &str) -> String {
 impl Job {
     fn yaml(&self, device: &Device) -> String {
         let job_minutes = DEPLOY_MINUTES + BOOT_MINUTES + self.test_minutes;
+        // The boot action's timeout is also the console connection's, which the test's monitor
+        // waits on for each line (lava_dispatcher's monitor: `timeout=test_connection.timeout`):
+        // with only the boot's 5 minutes, a run longer than that lost every result. Measured: the
+        // log said `test monitoring timeout: 300 seconds` for a 10-minute test.
+        let boot_minutes = BOOT_MINUTES + self.test_minutes;
         let mut y = format!(
             "# Written by: {command}\n\
              # The guest runs the scenario and reports each workload window and the run's verdict as a\n\
@@ -231,7 +261,7 @@ impl Job {
                 Device::Board { device_type, .. } => device_type,
             }),
             name = q(&self.name),
-            test = self.test_minutes.max(DEPLOY_MINUTES).max(BOOT_MINUTES),
+            test = boot_minutes,
             scenario = q(&self.scenario),
             release = q(&self.release),
         );
@@ -256,7 +286,7 @@ impl Job {
                      - deploy:\n    to: tmpfs\n    timeout: {{minutes: {DEPLOY_MINUTES}}}\n    images:\n\
                      \x20     kernel:\n        image_arg: {karg}\n        url: {kurl}\n        sha256sum: {ksum}\n\
                      \x20     ramdisk:\n        image_arg: \"-initrd {{ramdisk}}\"\n        url: {rurl}\n        sha256sum: {rsum}\n\
-                     - boot:\n    method: qemu\n    media: tmpfs\n    timeout: {{minutes: {BOOT_MINUTES}}}\n    prompts: [{ready}]\n",
+                     - boot:\n    method: qemu\n    media: tmpfs\n    timeout: {{minutes: {boot_minutes}}}\n    prompts: [{ready}]\n",
                     mem = self.mem_mib,
                     cpus = self.cpus,
                     kvm = if self.no_kvm { "  no_kvm: true\n" } else { "" },
@@ -273,8 +303,8 @@ impl Job {
                     "actions:\n\
                      - deploy:\n    to: tftp\n    timeout: {{minutes: {DEPLOY_MINUTES}}}\n\
                      \x20   kernel:\n      url: {kurl}\n      sha256sum: {ksum}\n\
-                     \x20   ramdisk:\n      url: {rurl}\n      sha256sum: {rsum}\n\
-                     - boot:\n    method: {method}\n    commands: ramdisk\n    timeout: {{minutes: {BOOT_MINUTES}}}\n    prompts: [{ready}]\n",
+                     \x20   ramdisk:\n      url: {rurl}\n      sha256sum: {rsum}\n      install_overlay: false\n      install_modules: false\n\
+                     - boot:\n    method: {method}\n    commands: ramdisk\n    timeout: {{minutes: {boot_minutes}}}\n    prompts: [{ready}]\n",
                     kurl = q(&self.kernel.url),
                     ksum = q(&self.kernel.sha256),
                     rurl = q(&self.ramdisk.url),

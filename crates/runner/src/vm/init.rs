@@ -68,18 +68,18 @@ pub fn in_guest() -> bool {
     std::fs::read("/proc/1/cmdline")
         .map(|c| {
             c.split(|&b| b == 0).any(|arg| arg == b"--guest-init")
-                || (c == b"/init\0" && Path::new(JOB_PATH).exists())
+                || (c.split(|&b| b == 0).next() == Some(INIT_PATH.as_bytes()) && Path::new(JOB_PATH).exists())
         })
         .unwrap_or(false)
 }
 
-/// Whether this process is a guest's PID 1 started as `/init`, with no arguments: the kernel
-/// found the initramfs's /init (no `rdinit=`, as on a LAVA device, whose kernel command line the
+/// Whether this process is a guest's PID 1 started as `/init`: the kernel found the initramfs's
+/// /init (no `rdinit=`, as on a LAVA device, whose kernel command line the
 /// job does not choose).
+/// The kernel passes a command line's bare words it does not know (a board's `splash`) to init as
+/// arguments: they do not make it anything else.
 pub fn started_as_init() -> bool {
-    std::process::id() == 1
-        && std::env::args_os().count() == 1
-        && std::env::args_os().next().is_some_and(|a| a == INIT_PATH)
+    std::process::id() == 1 && std::env::args_os().next().is_some_and(|a| a == INIT_PATH)
 }
 
 /// Never returns: the guest restarts (or, reporting on the console, powers off), which ends qemu.
@@ -180,6 +180,11 @@ impl Channel {
     fn finish(&mut self, verdict: &Verdict) {
         let Some(tty) = self.tty.as_ref() else {
             crate::lava::console::report(Path::new(RESULTS_DIR), verdict);
+            // A write to a tty returns once the line is in the kernel's buffer: on a board's 115200
+            // baud UART its last 4 KiB take ~350 ms, and the power-off that follows would cut the
+            // end line.
+            // SAFETY: tcdrain on our stdout, the console the kernel opened for init.
+            unsafe { libc::tcdrain(libc::STDOUT_FILENO) };
             return;
         };
         let tty = tty.as_raw_fd();
