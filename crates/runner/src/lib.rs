@@ -24,7 +24,7 @@ use clap::Parser;
 use crate::exit::Exit;
 
 pub fn main() -> ExitCode {
-    // A LAVA device's kernel runs the initramfs's /init (fraglab) with no arguments.
+    // A LAVA device's kernel runs the initramfs's /init (fraglab), with no `vm --guest-init`.
     if vm::init::started_as_init() {
         vm::init::run();
     }

@@ -415,13 +415,11 @@ fn a_lava_job_runs_under_lava_run_and_its_results_come_back() {
 
     // The guest's results, out of LAVA's log.
     let results = base.join("results");
-    let out = Command::new(FRAGLAB)
-        .arg("lava-results")
-        .arg(lava_out.join("lava.log"))
-        .arg("-o")
-        .arg(&results)
-        .output()
-        .unwrap();
+    let lava_results = || {
+        let log = lava_out.join("lava.log");
+        Command::new(FRAGLAB).arg("lava-results").arg(log).arg("-o").arg(&results).output().unwrap()
+    };
+    let out = lava_results();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let runs = fraglab_results::load::find_runs(&results, 4);
     assert_eq!(runs.len(), 1, "{}", text(&out));
@@ -436,13 +434,7 @@ fn a_lava_job_runs_under_lava_run_and_its_results_come_back() {
         fetched.record.kernel_cmdline
     );
     // Again into the same directory: refused, not merged.
-    let again = Command::new(FRAGLAB)
-        .arg("lava-results")
-        .arg(lava_out.join("lava.log"))
-        .arg("-o")
-        .arg(&results)
-        .output()
-        .unwrap();
+    let again = lava_results();
     assert_eq!(again.status.code(), Some(255), "{}", text(&again));
 
     // LAVA's test cases are the run's cases, each result the documented mapping of its verdict.

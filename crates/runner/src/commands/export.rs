@@ -115,7 +115,7 @@ struct Number {
     unit: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 struct Environment {
     comment: String,
     misc: Value,
@@ -301,7 +301,7 @@ fn tests(run: &Run, origin: &str, build_id: &str, results_url: Option<&str>) -> 
         ),
         start_time: start.map(rfc3339),
         duration,
-        number: Some(Number { value: run_case.measurement, unit: Some(run_case.units.replace('_', " ")) }),
+        number: Some(Number { value: run_case.value(), unit: Some(run_case.units.replace('_', " ")) }),
         environment,
         log_excerpt: failed_allocations_excerpt(run),
         output_files,
@@ -325,8 +325,8 @@ fn tests(run: &Run, origin: &str, build_id: &str, results_url: Option<&str>) -> 
             comment: format!("{}: {}", case.verdict.map_or("no verdict", Verdict::name), case.reason),
             start_time: humantime::parse_rfc3339_weak(&result.started).ok().map(rfc3339),
             duration: Some(result.duration_s),
-            number: Some(Number { value: case.measurement, unit: Some(case.units.replace('_', " ")) }),
-            environment: Environment { comment: tests[0].environment.comment.clone(), misc: tests[0].environment.misc.clone() },
+            number: Some(Number { value: case.value(), unit: Some(case.units.replace('_', " ")) }),
+            environment: tests[0].environment.clone(),
             log_excerpt: None,
             output_files: Vec::new(),
             misc: json!({

@@ -122,10 +122,21 @@ pub fn cases(run: &Run) -> Vec<Case> {
     cases
 }
 
+impl Case {
+    /// The measurement as a number both LAVA's pattern and KCIDB's schema take: never NaN or
+    /// infinite (a rate over no time), which neither has a way to write.
+    pub fn value(&self) -> f64 {
+        if self.measurement.is_finite() {
+            self.measurement
+        } else {
+            0.0
+        }
+    }
+}
+
 /// A [`RESULT`] line. LAVA lowercases its case name and turns `-` into `_`.
 pub fn result_line(case: &Case) -> String {
-    let m = if case.measurement.is_finite() { case.measurement } else { 0.0 };
-    format!("{RESULT} {} {} {m} {}", case.name, lava_result(case.verdict), case.units)
+    format!("{RESULT} {} {} {} {}", case.name, lava_result(case.verdict), case.value(), case.units)
 }
 
 /// Init is up: the boot action's prompt.

@@ -30,7 +30,6 @@ struct Plan {
     device: Device,
     image_url: String,
     test_minutes: u64,
-    mem_mib: u64,
     name: String,
 }
 
@@ -88,7 +87,7 @@ fn write(args: &LavaJobArgs) -> Result<Exit> {
         },
         ramdisk: Image { url: format!("{}{RAMDISK}", plan.image_url), sha256: sha256(&out.join(RAMDISK))? },
         test_minutes: plan.test_minutes,
-        mem_mib: plan.mem_mib,
+        mem_mib: plan.boot.mem_mib,
         cpus: args.cpus,
         no_kvm: args.no_kvm,
         append: args.append.clone(),
@@ -124,7 +123,7 @@ fn check(args: &LavaJobArgs) -> Result<Plan> {
         ("qemu", Some(m)) => bail!("--boot-method {m}: a qemu device boots with method qemu; leave it out"),
         (t, None) => bail!(
             "--device-type {t}: a board needs --boot-method, the one its device type boots a kernel and \
-             ramdisk from TFTP with (u-boot, ipxe, grub, depthcharge, …)"
+             ramdisk from TFTP with (ipxe, grub, depthcharge, …)"
         ),
         (t, Some(m)) => Device::Board { device_type: t.to_string(), boot_method: m.clone() },
     };
@@ -192,14 +191,12 @@ fn check(args: &LavaJobArgs) -> Result<Plan> {
         command: vec!["run".into(), args.config.display().to_string()],
     };
     let plan = boot::check(&vm)?;
-    let mem_mib = fraglab_units::parse_size(&args.mem).map_err(|e| anyhow::anyhow!("--mem: {e}"))? >> 20;
     Ok(Plan {
         boot: plan,
         vm,
         device,
         image_url,
         test_minutes: timeout.as_secs().div_ceil(60),
-        mem_mib,
         name: config.run.name,
     })
 }
@@ -253,7 +250,7 @@ impl Job {
              job_name: {name}\n\
              visibility: public\n\
              priority: medium\n\
-             timeouts:\n  job: {{minutes: {job_minutes}}}\n  action: {{minutes: {test}}}\n  connection: {{minutes: 2}}\n\
+             timeouts:\n  job: {{minutes: {job_minutes}}}\n  action: {{minutes: {boot_minutes}}}\n  connection: {{minutes: 2}}\n\
              metadata:\n  fraglab.scenario: {scenario}\n  fraglab.kernel: {release}\n",
             command = self.command.replace('\n', " "),
             device_type = q(match device {
@@ -261,7 +258,6 @@ impl Job {
                 Device::Board { device_type, .. } => device_type,
             }),
             name = q(&self.name),
-            test = boot_minutes,
             scenario = q(&self.scenario),
             release = q(&self.release),
         );

@@ -16,7 +16,7 @@ use crate::exit::Exit;
 
 /// Checked flags.
 pub(crate) struct Plan {
-    mem_mib: u64,
+    pub(crate) mem_mib: u64,
     /// Memory of each NUMA node in MiB (one or none: none declared).
     nodes_mib: Vec<u64>,
     timeout: Duration,

@@ -1,5 +1,5 @@
 //! The guest's PID 1 (`fraglab vm --guest-init`, started by the kernel through `rdinit=`, or as
-//! `/init` with no arguments in a LAVA job's initramfs): mount the kernel's filesystems, bring `lo`
+//! the initramfs's `/init` in a LAVA job): mount the kernel's filesystems, bring `lo`
 //! up, load the modules, run the job as a child, relay its stdout and stderr, send the results
 //! directory and the verdict over the channel, end the guest (a restart, which `-no-reboot` turns
 //! into qemu exiting). A LAVA job's guest has no channel: it reports on the console instead
@@ -74,10 +74,9 @@ pub fn in_guest() -> bool {
 }
 
 /// Whether this process is a guest's PID 1 started as `/init`: the kernel found the initramfs's
-/// /init (no `rdinit=`, as on a LAVA device, whose kernel command line the
-/// job does not choose).
-/// The kernel passes a command line's bare words it does not know (a board's `splash`) to init as
-/// arguments: they do not make it anything else.
+/// /init, with no `rdinit=` (a LAVA device's kernel command line is not the job's). Any arguments
+/// are the command line's bare words the kernel did not know (a board's `splash`), passed on to
+/// init: they do not make it anything else.
 pub fn started_as_init() -> bool {
     std::process::id() == 1 && std::env::args_os().next().is_some_and(|a| a == INIT_PATH)
 }
