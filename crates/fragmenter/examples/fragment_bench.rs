@@ -16,8 +16,10 @@
 //!   budget = size, pin mlock; timed until `start` returns (settling included), split by the
 //!   [`Progress`] callbacks;
 //! - `whole` (only with `--sizes whole`, for a qemu guest): the same without a budget — all of
-//!   MemAvailable above fraglab's default reserve, then the pipe fill — beside `populate` and
-//!   `populate-all` of that much;
+//!   MemAvailable above fraglab's default reserve, then the keeper's rings take the reserve's
+//!   high-order blocks — beside `populate` and `populate-all` of that much;
+//! - `whole-fill`: `whole` with `keep = false`, so order-0 pipe pages break the reserve's blocks up
+//!   instead: the method before the rings, whose pages come out of the cut's small blocks;
 //! - `naive`: populate the same way, then `madvise(MADV_DONTNEED)` on every other page, one call per
 //!   page (munmap per page would split the mapping into one VMA per page and stop at
 //!   vm.max_map_count), then the wait fraglab uses without PFNs: buddyinfo the same twice 200 ms
@@ -73,7 +75,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 const USAGE: &str = "usage: fragment_bench [--sizes 4GiB,8GiB | --sizes whole] [--repeat 3] [--order 4] [--keep 4GiB] \
                      [--max-take 8GiB] [--run-dir /tmp/fraglab-bench] \
-                     [--variants populate,populate-all,fraglab,naive | populate,populate-all,whole] [--no-warmup] \
+                     [--variants populate,populate-all,fraglab,naive | populate,populate-all,whole,whole-fill] [--no-warmup] \
                      [--compact] [--force]";
 
 struct Args {
@@ -101,6 +103,9 @@ enum Variant {
     PopulateAll,
     Fraglab,
     Whole,
+    /// The whole machine with `keep = false`: the reserve's high-order blocks broken up by the
+    /// order-0 pipe fill instead of the keeper's rings — the method before the rings, for reference.
+    WholeFill,
     Naive,
 }
 
@@ -111,6 +116,7 @@ impl Variant {
             Variant::PopulateAll => "populate only, every CPU",
             Variant::Fraglab => "fraglab",
             Variant::Whole => "fraglab, whole machine",
+            Variant::WholeFill => "fraglab, whole machine, pipe fill",
             Variant::Naive => "naive (every other page)",
         }
     }
@@ -182,9 +188,10 @@ fn parse_args() -> Result<Args> {
                         "populate-all" => Ok(Variant::PopulateAll),
                         "fraglab" => Ok(Variant::Fraglab),
                         "whole" => Ok(Variant::Whole),
+                        "whole-fill" => Ok(Variant::WholeFill),
                         "naive" => Ok(Variant::Naive),
                         _ => bail!(
-                            "--variants: unknown {v:?}; use populate, populate-all, fraglab, whole, naive"
+                            "--variants: unknown {v:?}; use populate, populate-all, fraglab, whole, whole-fill, naive"
                         ),
                     })
                     .collect::<Result<_>>()?
@@ -195,7 +202,7 @@ fn parse_args() -> Result<Args> {
     if a.repeat == 0 || a.sizes.iter().any(|&s| s < (16 << 20) || s > a.max_take) {
         bail!("--repeat must be ≥ 1 and every size within 16MiB ..= --max-take\n{USAGE}");
     }
-    if a.sizes.is_empty() != a.variants.contains(&Variant::Whole) {
+    if a.sizes.is_empty() != a.variants.iter().any(|v| matches!(v, Variant::Whole | Variant::WholeFill)) {
         bail!("the whole variant takes every free byte above the reserve: give it with --sizes whole, and only then\n{USAGE}");
     }
     Ok(a)
@@ -215,8 +222,8 @@ struct Run {
     cut: Option<Duration>,
     free: Option<Duration>,
     settle: Option<Duration>,
-    /// Whole machine: the pipe fill of the reserve's high-order blocks (inside `settle`'s span,
-    /// which runs to the end).
+    /// Whole machine: the pipe fill or the keeper's rings taking the reserve's high-order blocks
+    /// (inside `settle`'s span, which runs to the end).
     fill: Option<Duration>,
     release: Duration,
     before: Vec<u64>,
@@ -443,7 +450,8 @@ fn populate_all(size: u64, keep: u64, upto: bool) -> Result<Run> {
     populated(run, t0, arena)
 }
 
-fn fraglab(size: u64, args: &Args, nr_orders: usize, whole: bool) -> Result<Run> {
+fn fraglab(size: u64, args: &Args, nr_orders: usize, variant: Variant) -> Result<Run> {
+    let whole = matches!(variant, Variant::Whole | Variant::WholeFill);
     let min_free = sysctl::read("vm.min_free_kbytes")?.parse::<u64>()? * 1024;
     // For order 4: size/16*15, the most a max-free-order cut can free (one page of every 16 kept).
     let free_bytes = max_freeable(size / PAGE_SIZE as u64, args.order) * PAGE_SIZE as u64;
@@ -462,10 +470,10 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize, whole: bool) -> Result<Run>
         floor: 2 * min_free,
         no_proactive_compaction: false,
         nr_orders,
-        keep: true,
+        keep: variant != Variant::WholeFill,
         place: Default::default(),
     };
-    let mut run = Run::new(if whole { Variant::Whole } else { Variant::Fraglab }, size, buddy()?);
+    let mut run = Run::new(variant, size, buddy()?);
     // fraglab has shrunk the per-CPU lists by the time it has populated; this is the count before.
     run.pcp_populated = pcp_pages()?;
     let journal = Journal::create(&args.run_dir)?;
@@ -478,7 +486,7 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize, whole: bool) -> Result<Run>
             Progress::Cutting => cutting = Some(Instant::now()),
             Progress::Freeing { .. } => freeing = Some(Instant::now()),
             Progress::Settling => settling = Some(Instant::now()),
-            Progress::Filling { .. } => {
+            Progress::Filling { .. } | Progress::Rebreaking { .. } => {
                 filling.get_or_insert_with(Instant::now);
             }
             _ => {}
@@ -499,6 +507,20 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize, whole: bool) -> Result<Run>
     run.fill = filling.map(|t| end - t);
     let s = f.status();
     eprint!("[{}] ", s.bounds.join("; "));
+    // Whole machine: how much of the cut the reserve's high-order blocks cost (pipe pages come
+    // from the smallest free blocks, the cut's; rings of a block's order cannot).
+    if whole {
+        let (planned, intact): (u64, u64) = (s.planned.iter().sum(), s.intact.iter().sum());
+        eprint!(
+            "[planned blocks intact {intact} of {planned} ({:.2} %); pipe fill {} MiB; rings {} MiB; \
+             left at order ≥ {}: {} pages] ",
+            100.0 * intact as f64 / planned.max(1) as f64,
+            s.fill_bytes >> 20,
+            s.keeping.as_ref().map_or(0, |k| k.added_bytes) >> 20,
+            args.order,
+            s.leftover_pages.unwrap_or(0)
+        );
+    }
     run.taken = s.held_bytes + s.freed_bytes + s.surplus_bytes;
     run.surplus = s.surplus_bytes;
     run.freed = s.freed_bytes;
@@ -696,22 +718,21 @@ fn report(runs: &[Run], args: &Args, sizes: &[u64], nr_orders: usize) {
         }
     }
 
-    println!("\n### fraglab: planned vs intact (last run of each size)\n");
-    println!("| size | order | planned | intact | intact % |");
-    println!("|---|---|---|---|---|");
-    for &size in sizes {
-        let Some(r) = runs
-            .iter()
-            .rev()
-            .find(|r| r.size == size && matches!(r.variant, Variant::Fraglab | Variant::Whole))
-        else {
+    println!("\n### fraglab: planned vs intact (last run of each size and variant)\n");
+    println!("| size | variant | order | planned | intact | intact % |");
+    println!("|---|---|---|---|---|---|");
+    for (&size, v) in
+        sizes.iter().flat_map(|s| [Variant::Fraglab, Variant::Whole, Variant::WholeFill].map(|v| (s, v)))
+    {
+        let Some(r) = runs.iter().rev().find(|r| r.size == size && r.variant == v) else {
             continue;
         };
         for o in 0..r.planned.len() {
             if r.planned[o] > 0 {
                 println!(
-                    "| {} | {o} | {} | {} | {:.2} |",
+                    "| {} | {} | {o} | {} | {} | {:.2} |",
                     gib(size),
+                    v.name(),
                     r.planned[o],
                     r.intact[o],
                     100.0 * r.intact[o] as f64 / r.planned[o] as f64
@@ -719,8 +740,9 @@ fn report(runs: &[Run], args: &Args, sizes: &[u64], nr_orders: usize) {
             }
         }
         println!(
-            "| {} | missing | {} asked for but not cuttable ({:.3} % of the target) | | |",
+            "| {} | {} | missing | {} asked for but not cuttable ({:.3} % of the target) | | |",
             gib(size),
+            v.name(),
             mib(r.missing_bytes),
             100.0 * r.missing_bytes as f64 / (r.freed + r.missing_bytes).max(1) as f64
         );
@@ -757,7 +779,7 @@ fn ratios_and_fit(runs: &[Run], args: &Args, sizes: &[u64]) {
     println!("| size | fraglab | ÷ populate only (one thread) | ÷ populate only, every CPU |");
     println!("|---|---|---|---|");
     for &size in sizes {
-        for v in [Variant::Fraglab, Variant::Whole] {
+        for v in [Variant::Fraglab, Variant::Whole, Variant::WholeFill] {
             let Some(f) = median(runs, size, v) else { continue };
             let ratio =
                 |reference| median(runs, size, reference).map_or("—".into(), |r| format!("{:.2}×", f / r));
@@ -903,8 +925,9 @@ fn main() -> Result<()> {
                 let run = match v {
                     Variant::Populate => populate_only(take, keep, args.sizes.is_empty())?,
                     Variant::PopulateAll => populate_all(take, keep, args.sizes.is_empty())?,
-                    Variant::Fraglab => fraglab(take, &args, nr_orders, false)?,
-                    Variant::Whole => fraglab(take, &args, nr_orders, true)?,
+                    v @ (Variant::Fraglab | Variant::Whole | Variant::WholeFill) => {
+                        fraglab(take, &args, nr_orders, v)?
+                    }
                     Variant::Naive => naive(take, keep, nr_orders)?,
                 };
                 let run = Run { size, ..run };

@@ -95,6 +95,12 @@ pub fn progress(p: &Progress) -> String {
             format_size(*bytes),
             format_size(leftover_pages * PAGE)
         ),
+        Progress::Rebreaking { bytes, leftover_pages } => format!(
+            "re-breaking the reserve's high-order blocks, one ring of each block's order: {} taken so far, \
+             {} still free at order ≥ k",
+            format_size(*bytes),
+            format_size(leftover_pages * PAGE)
+        ),
     }
 }
 
@@ -115,6 +121,32 @@ pub fn pin(p: Pin) -> &'static str {
 }
 
 /// Free-block counts per order, space-separated like a buddyinfo line.
+/// A profile target's fidelity, `when` it was measured (`when the hold began`, `now`): a headline and
+/// a line per zone with the profile's counts, the zone's and whether they are within the tolerance.
+pub fn fidelity(f: &crate::fidelity::Fidelity, when: &str) -> Vec<String> {
+    use crate::fidelity::{Measure, TOLERANCE_BLOCKS, TOLERANCE_PERCENT};
+    let (what, has) = match f.measure {
+        Measure::Buddyinfo => ("each zone's buddyinfo line", "free"),
+        Measure::Intact => ("the cut's blocks still free", "intact"),
+    };
+    let mut lines = vec![format!(
+        "profile fidelity {when} ({what} against the profile, orders 0–{}, ± {TOLERANCE_PERCENT} % and \
+         {TOLERANCE_BLOCKS} blocks per order): {}",
+        f.orders.saturating_sub(1),
+        if f.within { "within" } else { "OFF THE PROFILE" }
+    )];
+    for z in &f.zones {
+        lines.push(format!(
+            "  {}: asked {} | {has} {} | {}",
+            z.zone,
+            counts(&z.target),
+            counts(&z.achieved),
+            if z.within { "within".to_string() } else { format!("off: {}", z.off(f.measure).join(", ")) }
+        ));
+    }
+    lines
+}
+
 pub fn counts(free: &[u64]) -> String {
     free.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ")
 }
@@ -143,13 +175,29 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
             format_size(b),
             format_size(b.saturating_mul(4))
         ),
+        (None, Target::MaxFreeOrder { order, .. }) if plan.rings_take_reserve() => format!(
+            "all free memory above the reserve, about {}; then the keeper's rings take the blocks of \
+             order ≥ {order} still free in the reserve, in every zone but DMA — one unmovable \
+             allocation of exactly each block's order, which none of the cut's smaller blocks can \
+             serve — until none is left for 1 s, MemAvailable would fall below the reserve, the \
+             kernel hands out none for 2 s, or 10 s and 2 s more a GiB to take pass (a reserve that \
+             is mostly high-order free blocks leaves the target unreached)",
+            format_size(takeable)
+        ),
         (None, Target::MaxFreeOrder { order, .. }) => format!(
             "all free memory above the reserve, about {}; then pipe pages (unmovable order-0 \
              allocations) break up the blocks of order ≥ {order} still free in the reserve, in every \
              zone but DMA, until none is left, MemAvailable would fall below the reserve, or {} s pass \
-             (a reserve that is mostly high-order free blocks leaves the target unreached)",
+             (a reserve that is mostly high-order free blocks leaves the target unreached); pipe pages, \
+             not the keeper's rings, because {}: they come from the smallest free blocks first and \
+             take some of the cut's",
             format_size(takeable),
-            fill_time_bound(takeable).as_secs()
+            fill_time_bound(takeable).as_secs(),
+            if plan.keep {
+                format!("order {order} is below the keeper's smallest ring ({MIN_RING_ORDER})")
+            } else {
+                "keep = false".to_string()
+            }
         ),
         (None, Target::Profile { .. } | Target::Zones { .. }) if plan.trades_reserve() => format!(
             "all free memory above the reserve, about {}, cut to the profile; then the reserve's free \
@@ -447,9 +495,18 @@ mod tests {
     }
 
     #[test]
-    fn pipe_fill_is_promised_only_for_whole_machine_max_free_order() {
+    fn pipe_fill_is_promised_only_for_whole_machine_max_free_order_below_the_rings() {
         let mfo = text(&plan(Target::MaxFreeOrder { order: 3, free_bytes: 1 << 30 }, None), 24 << 30);
         assert!(mfo.contains("pipe pages") && mfo.contains("order ≥ 3 still free in the reserve"), "{mfo}");
+        assert!(mfo.contains("because order 3 is below the keeper's smallest ring (4)"), "{mfo}");
+        // From the rings' order up, the rings take the reserve's blocks: no pipe page.
+        let rings = text(&plan(Target::MaxFreeOrder { order: 4, free_bytes: 1 << 30 }, None), 24 << 30);
+        assert!(rings.contains("the keeper's rings take the blocks of order ≥ 4"), "{rings}");
+        assert!(!rings.contains("pipe pages"), "{rings}");
+        let mut no_keep = plan(Target::MaxFreeOrder { order: 4, free_bytes: 1 << 30 }, None);
+        no_keep.keep = false;
+        let no_keep = text(&no_keep, 24 << 30);
+        assert!(no_keep.contains("pipe pages") && no_keep.contains("because keep = false"), "{no_keep}");
         let prof =
             text(&plan(Target::Profile { node: None, zone: None, free: vec![512, 97, 12] }, None), 24 << 30);
         assert!(

@@ -11,6 +11,7 @@ use procfs::Current;
 use serde::{Deserialize, Serialize};
 
 use crate::arena::{page_floor, Arena, PAGE_SIZE};
+use crate::fidelity::{self, Fidelity};
 use crate::frames::Frames;
 use crate::keeper::{Keep, Keeper, Keeping, Timeline, ZoneAbove};
 use crate::pipefill::PipeFill;
@@ -132,6 +133,23 @@ impl Plan {
         }
     }
 
+    /// Whole machine, max free order: whether the reserve's free blocks at or above the order are
+    /// left to the keeper's rings (order ≥ [`crate::keeper::MIN_RING_ORDER`], `keep` on) — else
+    /// the pipe fill breaks them up ([`Plan::fills_reserve`]).
+    pub fn rings_take_reserve(&self) -> bool {
+        matches!(self.keeping(), (Keep::Rebreak, k) if k >= crate::keeper::MIN_RING_ORDER)
+            && matches!(self.target, Target::MaxFreeOrder { .. })
+    }
+
+    /// Whole machine, max free order, and no rings to take the reserve's blocks (an order below the
+    /// keeper's smallest ring, or `keep = false`): order-0 pipe pages break them up instead, eating
+    /// into the cut's small blocks as they go ([`crate::pipefill`]).
+    pub fn fills_reserve(&self) -> bool {
+        self.budget.is_none()
+            && matches!(self.target, Target::MaxFreeOrder { .. })
+            && !self.rings_take_reserve()
+    }
+
     /// Whole machine, profile: whether the reserve's free blocks at or above the region order are
     /// traded for blocks below it ([`trade_reserve`]) and re-broken. Not with `keep = false` (no
     /// rings would take them), not when that order is below the keeper's smallest ring
@@ -161,8 +179,15 @@ pub enum Progress {
         pages: u64,
     },
     Settling,
-    /// Whole-machine mode: breaking up the high-order blocks left in the untaken reserve.
+    /// Whole-machine mode: breaking up the high-order blocks left in the untaken reserve with
+    /// order-0 pipe pages (a max free order the keeper's rings cannot take, or `keep = false`).
     Filling {
+        bytes: u64,
+        leftover_pages: u64,
+    },
+    /// Whole-machine mode: the keeper's rings taking the reserve's blocks at or above the order,
+    /// one allocation of exactly a block's order each.
+    Rebreaking {
         bytes: u64,
         leftover_pages: u64,
     },
@@ -177,6 +202,7 @@ impl Progress {
             Progress::Freeing { .. } => "freeing",
             Progress::Settling => "settling",
             Progress::Filling { .. } => "filling",
+            Progress::Rebreaking { .. } => "re-breaking",
         }
     }
 }
@@ -244,6 +270,13 @@ pub struct Status {
     /// Whether the target holds at the last refresh: what `fraglab status` exits by.
     #[serde(default)]
     pub now: Option<Now>,
+    /// A profile target: how close the free blocks were to it at the last refresh, zone by zone
+    /// and order by order, against the stated tolerance ([`crate::fidelity`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fidelity: Option<Fidelity>,
+    /// The same when the hold began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fidelity_at_hold: Option<Fidelity>,
 }
 
 /// One give-back of the guard: MemAvailable fell below the floor, and memory went back to the
@@ -256,7 +289,8 @@ pub struct GiveBack {
     pub floor_bytes: u64,
     /// All it gave back, pipe pages included.
     pub bytes: u64,
-    /// Of those, pipe pages (whole-machine mode: the reserve's broken-up blocks).
+    /// Of those, pipe pages and the keeper's rings (whole-machine mode: the reserve's broken-up
+    /// blocks, and blocks re-broken while holding).
     pub pipe_bytes: u64,
 }
 
@@ -632,16 +666,21 @@ impl Fragmenter {
         bounds.push(format!("settle: {settled}"));
         let mut leftover = None;
         if let (None, Target::MaxFreeOrder { order, .. }) = (plan.budget, &plan.target) {
-            let Some((b, left, ended)) =
-                fill_leftovers(&mut fill, &mut journal, *order, fill_keeps(&plan), progress, stop)?
-            else {
-                return Err(stopped("filling the reserve's high-order blocks", arena, fill, journal));
-            };
-            buddyinfo_now = b;
-            leftover = Some(left);
-            // The fill's pages come from the smallest free blocks first: look at the cut's again.
-            intact = None;
-            bounds.push(format!("fill: {ended}"));
+            if plan.fills_reserve() {
+                let Some((b, left, ended)) =
+                    fill_leftovers(&mut fill, &mut journal, *order, fill_keeps(&plan), progress, stop)?
+                else {
+                    return Err(stopped("filling the reserve's high-order blocks", arena, fill, journal));
+                };
+                buddyinfo_now = b;
+                leftover = Some(left);
+                // The fill's pages come from the smallest free blocks first: look at the cut's again.
+                intact = None;
+                bounds.push(format!("fill: {ended}"));
+            } else {
+                // The keeper's rings take the reserve's blocks below, once the hold's record exists.
+                leftover = Some(leftover_pages(&buddyinfo_now, *order));
+            }
         }
         let (how, order) = plan.keeping();
         let keeper = Keeper::new(how, order, plan.nr_orders, fill_keeps(&plan), &mut journal)?;
@@ -676,52 +715,111 @@ impl Fragmenter {
             zones: zone_cuts,
             give_backs: Vec::new(),
             now: None,
+            fidelity: None,
+            fidelity_at_hold: None,
         };
         let mut f = Fragmenter { plan, arena, journal, cut, kept, fill, keeper, status };
         // The hold's first look: its record starts with the hold.
         f.keep_now()?;
-        // What the trade left, or the fill could not reach within the reserve, the keeper's rings
-        // take now, before the hold begins.
-        let fill_left = f.status.leftover_pages.is_some_and(|l| l > 0);
-        if (f.status.traded_bytes > 0 || fill_left) && f.rebreaking() {
-            f.rebreak_reserve(stop)?;
+        // The reserve's blocks at or above the order — what the trade left, a max-free-order hold's
+        // that no fill took, or what the fill could not reach — the keeper's rings take now, before
+        // the hold begins.
+        let rings_take = f.plan.rings_take_reserve() || f.status.leftover_pages.is_some_and(|l| l > 0);
+        if (f.status.traded_bytes > 0 || rings_take) && f.rebreaking() {
+            f.rebreak_reserve(progress, stop)?;
             if stop.load(Ordering::Relaxed) {
                 let restored = f.release()?;
                 return Err(Stopped { phase: "re-breaking the reserve's blocks", restored }.into());
             }
-            if fill_left {
+            if f.status.leftover_pages.is_some() {
                 f.status.leftover_pages = Some(leftover_pages(&BuddyInfo::read()?, f.plan.region_order()));
             }
+            // The kernel's own allocations went on meanwhile (and a ring that steals a pageblock
+            // moves its free pages to the unmovable lists, where they serve those first): count
+            // the cut's blocks again.
+            intact = None;
         }
         // What settle just checked block by block needs no second read of /proc/kpageflags; after a
         // fill it does.
         f.refresh_with(intact)?;
+        f.status.fidelity_at_hold = f.status.fidelity.clone();
         Ok(f)
     }
 
-    /// Whole machine: let the keeper take the reserve's high-order blocks (a profile's, or what the
-    /// max-free-order fill could not reach), look after look,
-    /// until none is left in the zones in play, or 2 s pass (at 64 blocks a look every 10 ms, a
-    /// reserve of 12 000 order-4 blocks), or `stop` is set (the caller then releases).
-    fn rebreak_reserve(&mut self, stop: &AtomicBool) -> Result<()> {
-        const BOUND: Duration = Duration::from_secs(2);
+    /// Whole machine: let the keeper take the reserve's free blocks at or above the region order (a
+    /// profile's traded reserve; a max-free-order hold's, or what its fill could not reach), look
+    /// after look. Each ring is one unmovable allocation of exactly a free block's order, which only
+    /// a block of that order or above can serve — never the cut's smaller ones, which order-0 pipe
+    /// pages eat first (the allocator serves those from the smallest free blocks, and steals whole
+    /// pageblocks of them). Ends when none has been seen in the zones in play for [`CLEAN_FOR`]
+    /// (freed pages drain from the per-CPU lists late), when no block was taken for
+    /// [`STALLED_FOR`] (blocks the kernel will not hand an ordinary request), when re-breaking has
+    /// waited [`STALLED_FOR`] for MemAvailable (the reserve itself is high-order blocks: the
+    /// target is not reached), at 10 s and 2 s more a GiB there was to take, or when `stop` is set
+    /// (the caller then releases).
+    fn rebreak_reserve(&mut self, progress: &mut dyn FnMut(Progress), stop: &AtomicBool) -> Result<()> {
+        const CLEAN_FOR: Duration = Duration::from_secs(1);
+        const STALLED_FOR: Duration = Duration::from_secs(2);
         let start = Instant::now();
         let k = self.plan.region_order();
+        // One descriptor a ring: a reserve of a few GiB in top-order blocks is a thousand.
+        crate::pipefill::raise_nofile_limit();
+        let first = leftover_pages(&BuddyInfo::read()?, k) * PAGE_SIZE as u64;
+        let bound = Duration::from_secs(10 + 2 * (first >> 30));
+        let (mut clean_since, mut taken_at, mut paused_since) = (None, Instant::now(), None);
+        let mut added = self.keeper.status().added_bytes;
         let why = loop {
             let left = leftover_pages(&BuddyInfo::read()?, k);
-            if left == 0 {
-                break format!("no free block of order ≥ {k} left after {} ms", start.elapsed().as_millis());
+            let keeping = self.keeper.status();
+            progress(Progress::Rebreaking { bytes: keeping.added_bytes, leftover_pages: left });
+            let took = || {
+                format!(
+                    "{} in {} rings, {} ms",
+                    mib(keeping.added_bytes),
+                    keeping.pipes,
+                    start.elapsed().as_millis()
+                )
+            };
+            let still = || format!("{} still free at order ≥ {k}", mib(left * PAGE_SIZE as u64));
+            if keeping.added_bytes > added {
+                (added, taken_at) = (keeping.added_bytes, Instant::now());
+            }
+            paused_since = match self.keeper.paused_for_memory() {
+                true => paused_since.or(Some(Instant::now())),
+                false => None,
+            };
+            if left > 0 {
+                clean_since = None;
+            } else if clean_since.get_or_insert_with(Instant::now).elapsed() >= CLEAN_FOR {
+                break format!(
+                    "no free block of order ≥ {k} left for {} ms; {}",
+                    CLEAN_FOR.as_millis(),
+                    took()
+                );
             }
             if stop.load(Ordering::Relaxed) {
-                break format!("stopped with {} still free at order ≥ {k}", mib(left * PAGE_SIZE as u64));
+                break format!("stopped with {}; {}", still(), took());
             }
-            if !self.rebreaking() || start.elapsed() >= BOUND {
-                let note = self.keeper.status().note.unwrap_or_default();
-                break format!(
-                    "{} still free at order ≥ {k} after {} ms {note}",
-                    mib(left * PAGE_SIZE as u64),
-                    start.elapsed().as_millis()
-                );
+            if left > 0 {
+                let note = keeping.note.unwrap_or_default();
+                if !self.rebreaking() {
+                    break format!("{}: {note}; {}", still(), took());
+                }
+                if paused_since.is_some_and(|t| t.elapsed() >= STALLED_FOR) {
+                    break format!("{}: {note}; {}", still(), took());
+                }
+                if taken_at.elapsed() >= STALLED_FOR {
+                    break format!(
+                        "{}: the kernel handed out none for {} ms ({} refused); {}",
+                        still(),
+                        STALLED_FOR.as_millis(),
+                        keeping.refused,
+                        took()
+                    );
+                }
+                if start.elapsed() >= bound {
+                    break format!("{} at the {} s bound; {}", still(), bound.as_secs(), took());
+                }
             }
             std::thread::sleep(crate::keeper::KEEP_EVERY);
             self.keep_now()?;
@@ -763,7 +861,38 @@ impl Fragmenter {
         let keeping = self.keeper.status();
         self.status.now = Some(self.now(&keeping)?);
         self.status.keeping = Some(keeping);
+        self.status.fidelity = fidelity::measure(
+            &self.status,
+            self.plan.region_order(),
+            &self.status.buddyinfo_now,
+            fraglab_probe::snapshot::monotonic_ns()?,
+        );
         Ok(&self.status)
+    }
+
+    /// A profile target's fidelity now, for the end of a workload window: whole machine, from one
+    /// buddyinfo read; a budget, from its planned blocks' flags (`/proc/kpageflags`). Lighter than
+    /// [`Fragmenter::refresh`], which also reads where every kept page is. `None` for a
+    /// max-free-order target.
+    pub fn fidelity_now(&mut self) -> Result<Option<Fidelity>> {
+        if matches!(self.plan.target, Target::MaxFreeOrder { .. }) {
+            return Ok(None);
+        }
+        let at_ns = fraglab_probe::snapshot::monotonic_ns()?;
+        let now = BuddyInfo::read()?;
+        let mut status = self.status.clone();
+        if self.plan.budget.is_some() && !self.status.naive && self.arena.pages() > 0 {
+            let at = &self.cut.at;
+            for z in &mut status.zones {
+                let (a, b) =
+                    (at.partition_point(|&(p, _)| p < z.start), at.partition_point(|&(p, _)| p < z.end));
+                z.intact = intact_blocks(&at[a..b], self.plan.nr_orders)?;
+            }
+            if status.zones.is_empty() {
+                status.intact = intact_blocks(at, self.plan.nr_orders)?;
+            }
+        }
+        Ok(fidelity::measure(&status, self.plan.region_order(), &now, at_ns))
     }
 
     /// Whether the target holds, as the keeper's record has it — the record a run's verdict is
@@ -871,18 +1000,21 @@ impl Fragmenter {
     /// until the reserve is available again — before the OOM killer has to act. Returns what it did.
     pub fn guard(&mut self) -> Result<Option<String>> {
         let avail = mem_available()?;
-        if avail >= self.plan.floor || (self.arena.pages() == 0 && self.fill.bytes() == 0) {
+        if avail >= self.plan.floor
+            || (self.arena.pages() == 0 && self.fill.bytes() == 0 && self.keeper.added_bytes() == 0)
+        {
             return Ok(None);
         }
         // Enough for the reserve and the floor both, counted in memory really freed (a chunk after
         // the cut holds a fraction of its mapping): one pass answers the pressure.
         let want = self.plan.reserve.max(self.plan.floor).saturating_sub(avail).max(CHUNK);
         let from_arena = self.arena.shrink(want);
-        // Blocks the keeper re-broke are as unmovable as pipe pages, and fewer: they go next.
-        let given = from_arena + self.keeper.shrink(want.saturating_sub(from_arena));
-        // Pipe pages (whole-machine mode) are unmovable and keep the reserve broken up, so they go
-        // last — but they go: hundreds of MiB the OOM killer would otherwise have to find.
-        let from_pipes = self.fill.shrink(want.saturating_sub(given));
+        // The keeper's rings (whole machine: the reserve's high-order blocks, and any that formed
+        // since) and pipe pages are unmovable and keep the reserve broken up, so they go last — but
+        // they go: hundreds of MiB the OOM killer would otherwise have to find. Rings first: fewer.
+        let from_rings = self.keeper.shrink(want.saturating_sub(from_arena));
+        let from_pipes = from_rings + self.fill.shrink(want.saturating_sub(from_arena + from_rings));
+        let given = from_arena + from_pipes;
         self.kept.retain(|&(i, _)| i < self.arena.pages());
         self.cut.at.clear();
         self.status.held_bytes = self.status.held_bytes.saturating_sub(from_arena);
@@ -892,9 +1024,9 @@ impl Fragmenter {
             humantime::format_rfc3339_seconds(std::time::SystemTime::now()),
             avail >> 20,
             self.plan.floor >> 20,
-            (given + from_pipes) >> 20,
+            given >> 20,
             if from_pipes > 0 {
-                format!(" ({} MiB of it pipe pages)", from_pipes >> 20)
+                format!(" ({} MiB of it pipe pages and rings)", from_pipes >> 20)
             } else {
                 String::new()
             }
@@ -904,7 +1036,7 @@ impl Fragmenter {
             at: crate::instance::now_epoch(),
             mem_available_bytes: avail,
             floor_bytes: self.plan.floor,
-            bytes: given + from_pipes,
+            bytes: given,
             pipe_bytes: from_pipes,
         });
         let lost = "memory pressure: memory given back to avoid the OOM killer";

@@ -256,6 +256,9 @@ pub struct Keeper {
     backoff: Duration,
     /// Kept pages found moved so far (regions mode).
     moved: u64,
+    /// Re-breaking is waiting for MemAvailable: the last block it wanted would have taken it below
+    /// `keep_available`.
+    paused: bool,
 }
 
 impl Keeper {
@@ -312,6 +315,7 @@ impl Keeper {
             backoff_until: None,
             backoff: BACKOFF,
             moved: 0,
+            paused: false,
         })
     }
 
@@ -330,6 +334,17 @@ impl Keeper {
     /// or an error).
     pub fn rebreaking(&self) -> bool {
         self.status.how == Keep::Rebreak
+    }
+
+    /// Memory the re-broken blocks hold now.
+    pub fn added_bytes(&self) -> u64 {
+        self.status.added_bytes
+    }
+
+    /// Whether re-breaking is waiting for MemAvailable to come back above what the hold leaves the
+    /// machine (the note says by how much).
+    pub fn paused_for_memory(&self) -> bool {
+        self.paused
     }
 
     /// When the target held, for samplers and verdicts on other threads.
@@ -466,6 +481,7 @@ impl Keeper {
                         self.keep_available >> 20
                     ));
                     self.backoff_until = Some(Instant::now() + MEMORY_PAUSE);
+                    self.paused = true;
                     return Ok(None);
                 }
                 if self.pipes.len() >= KEEPER_FDS && !crate::pipefill::descriptors_to_spare() {
@@ -479,7 +495,7 @@ impl Keeper {
                 match ring(o) {
                     Ok(fd) => {
                         took = true;
-                        if self.status.note.as_deref().is_some_and(|n| n.starts_with("re-breaking paused")) {
+                        if std::mem::take(&mut self.paused) {
                             self.status.note = None;
                         }
                         self.pipes.push((o, fd));

@@ -7,7 +7,8 @@
 //! release, exit or signal, and by the next fraglab if this one was killed ([`instance`]). A holding
 //! fragmenter answers `status` and `release` on a Unix socket ([`control`]); one that holds while its
 //! caller runs workloads keeps its guard on a thread ([`hold`]). While holding, the keeper
-//! ([`keeper`]) takes back free blocks of the target order that form, and records when the target held.
+//! ([`keeper`]) takes back free blocks of the target order that form, and records when the target held;
+//! for a profile target, how close the free blocks are to it is measured ([`fidelity`]).
 
 // outln!, errln!, out!, err!: printing that never panics on a closed pipe, in every module.
 #[macro_use]
@@ -17,6 +18,7 @@ pub mod arena;
 pub mod control;
 pub mod cpu;
 pub mod describe;
+pub mod fidelity;
 pub mod fragment;
 pub mod frames;
 pub mod hold;

@@ -187,7 +187,7 @@ impl PipeFill {
 /// Raise the soft descriptor limit to the hard one, and the hard one towards `fs.nr_open` where
 /// the kernel allows it (CAP_SYS_RESOURCE). Every pipe costs a descriptor; the common soft limit of
 /// 1024 would stop a fill at 1 GiB. Done once per process; returns the limit now in force.
-fn raise_nofile_limit() -> u64 {
+pub(crate) fn raise_nofile_limit() -> u64 {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     if NOFILE_BEFORE.get().is_some() {
         return nofile_limit();
