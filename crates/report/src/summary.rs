@@ -96,6 +96,21 @@ pub fn render_run(run: &Run) -> String {
         if let Some(k) = &f.keeping {
             o += &format!("  {}\n", describe::keeping(k));
         }
+        for (f, when) in [(&f.fidelity_at_hold, "when the hold began"), (&f.fidelity, "at the release")] {
+            for line in f.iter().flat_map(|f| describe::fidelity(f, when)) {
+                o += &format!("  {line}\n");
+            }
+        }
+        let windows: Vec<_> =
+            run.workloads.iter().filter_map(|w| w.target.as_ref()?.fidelity.as_ref()).collect();
+        if !windows.is_empty() {
+            let off = windows.iter().filter(|f| !f.within).count();
+            o += &format!(
+                "  profile fidelity at the end of each window: within in {} of {}\n",
+                windows.len() - off,
+                windows.len()
+            );
+        }
         if let Some((held, of)) = RunRecord::windows_held(&run.workloads) {
             o += &format!("  target held in {held} of {of} workload windows\n");
         }
@@ -110,6 +125,9 @@ pub fn render_run(run: &Run) -> String {
                 t.window_s,
                 t.worst.as_deref().unwrap_or("")
             );
+            if let Some(f) = t.fidelity.as_ref().filter(|f| !f.within) {
+                o += &format!("      off its profile when it ended: {}\n", f.off_text());
+            }
         }
     }
     // (point, kind) → values; printed in sweep order (see `Point::by_value`).

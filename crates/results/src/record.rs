@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use fraglab_fragmenter::fidelity::Fidelity;
 use fraglab_fragmenter::keeper::Lost;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -291,40 +292,94 @@ pub struct WindowTarget {
     pub order: usize,
     /// The worst of it: `3 order-6 blocks free in DMA32`.
     pub worst: Option<String>,
+    /// A profile target: target against achieved per zone and order at the window's end. Outside
+    /// its tolerance the window did not hold, however short its losses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fidelity: Option<Fidelity>,
 }
 
 impl WindowTarget {
-    /// Judge a window from what the keeper saw lost in it.
-    pub fn judge(lost: Lost, start_ns: u64, end_ns: u64, tolerance: Duration, order: usize) -> Self {
+    /// Judge a window from what the keeper saw lost in it and, for a profile target, how close the
+    /// free blocks were to it when the window ended.
+    pub fn judge(
+        lost: Lost,
+        start_ns: u64,
+        end_ns: u64,
+        tolerance: Duration,
+        order: usize,
+        fidelity: Option<Fidelity>,
+    ) -> Self {
         let window = end_ns - start_ns;
         let tolerance = (tolerance.as_nanos() as u64).min((window as f64 * MOST_LOST_FRACTION) as u64);
         WindowTarget {
-            held: lost.ns <= tolerance,
+            held: lost.ns <= tolerance && fidelity.as_ref().is_none_or(|f| f.within),
             window_s: window as f64 / 1e9,
             lost_s: lost.ns as f64 / 1e9,
             losses: lost.losses,
             tolerance_s: tolerance as f64 / 1e9,
             order,
             worst: lost.worst,
+            fidelity,
         }
     }
 
-    /// `lost for 1.800 s of the 3.000 s window (3 order-6 blocks free in DMA32), more than its
-    /// 0.100 s tolerance`.
+    /// Why the window did not hold: `lost for 1.800 s of the 3.000 s window (3 order-6 blocks free
+    /// in DMA32), more than its 0.100 s tolerance`, and/or `off its profile when the window ended:
+    /// Node 1, zone DMA32 order 0: 2500 asked, 1210 free (± 266)`.
     pub fn lost_text(&self) -> String {
-        format!(
-            "lost for {:.3} s of the {:.3} s window{}, more than its {:.3} s tolerance",
-            self.lost_s,
-            self.window_s,
-            self.worst.as_ref().map(|w| format!(" ({w})")).unwrap_or_default(),
-            self.tolerance_s
-        )
+        let mut why = Vec::new();
+        if self.lost_s > self.tolerance_s || self.fidelity.as_ref().is_none_or(|f| f.within) {
+            why.push(format!(
+                "lost for {:.3} s of the {:.3} s window{}, more than its {:.3} s tolerance",
+                self.lost_s,
+                self.window_s,
+                self.worst.as_ref().map(|w| format!(" ({w})")).unwrap_or_default(),
+                self.tolerance_s
+            ));
+        }
+        if let Some(f) = self.fidelity.as_ref().filter(|f| !f.within) {
+            why.push(format!("off its profile when the window ended: {}", f.off_text()));
+        }
+        why.join("; ")
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_off_its_profile_did_not_hold_however_short_its_losses() {
+        use fraglab_fragmenter::fidelity::{Measure, ZoneFidelity};
+        let zone = |achieved| {
+            ZoneFidelity::new("Node 1, zone DMA32".into(), vec![2500, 350, 180], achieved, Measure::Buddyinfo)
+        };
+        let lost = Lost { ns: 0, losses: 0, worst: None };
+        let s = Duration::from_millis(100);
+        let close = Fidelity::of(vec![zone(vec![2510, 340, 190])], Measure::Buddyinfo, 3, 7);
+        let t = WindowTarget::judge(lost.clone(), 0, 1_000_000_000, s, 3, Some(close));
+        assert!(t.held, "{t:?}");
+        let off = Fidelity::of(vec![zone(vec![1210, 350, 180])], Measure::Buddyinfo, 3, 7);
+        let t = WindowTarget::judge(lost.clone(), 0, 1_000_000_000, s, 3, Some(off));
+        assert!(!t.held, "{t:?}");
+        assert_eq!(
+            t.lost_text(),
+            "off its profile when the window ended: Node 1, zone DMA32 order 0: 2500 asked, 1210 free (± 266)"
+        );
+        // Both at once: both are said.
+        let long = Lost { ns: 600_000_000, losses: 1, worst: Some("1 order-4 block free in DMA32".into()) };
+        let off = Fidelity::of(vec![zone(vec![2500, 350, 400])], Measure::Buddyinfo, 3, 7);
+        let t = WindowTarget::judge(long, 0, 1_000_000_000, s, 3, Some(off));
+        assert_eq!(
+            t.lost_text(),
+            "lost for 0.600 s of the 1.000 s window (1 order-4 block free in DMA32), more than its 0.050 s \
+             tolerance; off its profile when the window ended: Node 1, zone DMA32 order 2: 180 asked, 400 \
+             free (± 34)"
+        );
+        // A max-free-order window has no fidelity, and reads as before.
+        let t = WindowTarget::judge(lost, 0, 1_000_000_000, s, 3, None);
+        assert!(t.held && t.fidelity.is_none());
+    }
 
     #[test]
     fn a_window_reads_back_from_its_schema_1_phase_name() {

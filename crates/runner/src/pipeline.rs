@@ -227,7 +227,14 @@ fn pipeline(
                 let target = match (&kernel, &timeline) {
                     (Held::Fragmented(g), Some(t)) => {
                         let lost = lost_in_window(g, t, start_ns, end_ns, counted_order);
-                        Some(WindowTarget::judge(lost, start_ns, end_ns, plan.lost_tolerance, counted_order))
+                        // A profile's free blocks as the window left them: a measurement that
+                        // cannot be made is named, and the window judged by its losses alone.
+                        let fidelity = g.with(|f| f.fidelity_now()).unwrap_or_else(|e| {
+                            record.errors.push(format!("{}: the profile's fidelity: {e:#}", w.kind_name));
+                            None
+                        });
+                        let (tolerance, order) = (plan.lost_tolerance, counted_order);
+                        Some(WindowTarget::judge(lost, start_ns, end_ns, tolerance, order, fidelity))
                     }
                     _ => None,
                 };
@@ -542,6 +549,15 @@ fn target_missed(s: &fraglab_fragmenter::Status) -> Option<String> {
     }
     if s.pin == fraglab_fragmenter::Pin::Mlock && s.moved_pages > 0 {
         return Some(format!("target not held: {} pinned pages were migrated", s.moved_pages));
+    }
+    if let Some(f) = s.fidelity.as_ref().filter(|f| !f.within) {
+        return Some(format!(
+            "target not reached: the free blocks are off the profile when the hold begins, beyond the \
+             tolerance of ± {} % and {} blocks per order: {}",
+            fraglab_fragmenter::fidelity::TOLERANCE_PERCENT,
+            fraglab_fragmenter::fidelity::TOLERANCE_BLOCKS,
+            f.off_text()
+        ));
     }
     None
 }

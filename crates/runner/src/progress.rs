@@ -31,6 +31,13 @@ pub fn progress_bar() -> impl FnMut(Progress) {
                 ));
                 bar.set_position(bytes);
             }
+            Progress::Rebreaking { bytes, leftover_pages } => {
+                bar.set_message(format!(
+                    "re-breaking ({} left at order ≥ k)",
+                    format_size(leftover_pages * fraglab_fragmenter::arena::PAGE_SIZE as u64)
+                ));
+                bar.set_position(bytes);
+            }
         }
     }
 }

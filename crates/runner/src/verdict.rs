@@ -283,6 +283,7 @@ mod tests {
                     tolerance_s: 0.05,
                     order: 4,
                     worst: None,
+                    fidelity: None,
                 }),
             })
             .collect();

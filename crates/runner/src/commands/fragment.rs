@@ -564,15 +564,29 @@ pub fn report(s: &Status, json: bool) -> Result<()> {
     }
     outln!("  held pages moved since the cut: {}", s.moved_pages);
     if let Some(left) = s.leftover_pages {
+        let how = match (&s.keeping, s.fill_bytes) {
+            (Some(k), 0) => format!(
+                "the keeper's rings hold {} of the reserve's high-order blocks ({} rings)",
+                format_size(k.added_bytes),
+                k.pipes
+            ),
+            (_, fill) => {
+                format!("{} of pipe pages broke up the reserve's high-order blocks", format_size(fill))
+            }
+        };
         outln!(
-            "  whole machine: {} of pipe pages broke up the reserve's high-order blocks; {} still free at order ≥ k{}",
-            format_size(s.fill_bytes),
+            "  whole machine: {how}; {} still free at order ≥ k{}",
             format_size(left * 4096),
             if left == 0 { " (target reached)" } else { " — TARGET NOT REACHED" }
         );
     }
     if let Some(k) = &s.keeping {
         outln!("  {}", describe::keeping(k));
+    }
+    for (f, when) in [(&s.fidelity_at_hold, "when the hold began"), (&s.fidelity, "now")] {
+        for line in f.iter().flat_map(|f| describe::fidelity(f, when)) {
+            outln!("  {line}");
+        }
     }
     for line in buddyinfo_table(s) {
         outln!("  {line}");
