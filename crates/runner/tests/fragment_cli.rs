@@ -205,6 +205,76 @@ fn daemon_holds_until_release() {
     assert_restored(&before, "after the release");
 }
 
+/// A budget's profile: `status` measures it against the cut's blocks still free, zone by zone and
+/// order by order, when the hold began and now — target, achieved and tolerance in `--json`, a line
+/// each in the human status; a max-free-order hold has no such figure. Profiles of several shapes
+/// and budgets, with and without a zone, so no figure lines up by chance.
+#[test]
+fn a_budget_profile_has_its_fidelity_measured_when_the_hold_begins_and_now() {
+    let _s = SERIAL.lock().unwrap();
+    let dir = run_dir("fidelity");
+    for (profile, budget, zone) in [
+        ("Node 0, zone Normal 4000 37 34 29 0 0 0 0 0 0 0", "64MiB", "Node 0, zone Normal"),
+        ("1500 700 301 150 77 40 0 0 0 0 0", "96MiB", "all zones"),
+        (
+            "Normal: 999*4kB (UME) 97*8kB (UM) 12*16kB (M) 5*32kB (M) 1*64kB (M) 3*128kB = 5572kB",
+            "40MiB",
+            "Node 0, zone Normal",
+        ),
+    ] {
+        let out = fraglab(&dir, &["fragment", "--profile", profile, "--budget", budget, "--daemon"]);
+        assert!(out.status.success(), "{profile}: {}", String::from_utf8_lossy(&out.stderr));
+        let s: serde_json::Value =
+            serde_json::from_slice(&fraglab(&dir, &["status", "--json"]).stdout).expect("status --json");
+        let human = String::from_utf8_lossy(&fraglab(&dir, &["status"]).stdout).into_owned();
+        assert!(fraglab(&dir, &["release"]).status.success());
+        let numbers = |v: &serde_json::Value| -> Vec<u64> {
+            v.as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).collect()
+        };
+        eprintln!("{profile} in {budget}: {} {}", s["fidelity_at_hold"], s["bounds"]);
+        let asked: Vec<u64> =
+            numbers(&s["planned"]).iter().zip(numbers(&s["missing"])).map(|(p, m)| p + m).collect();
+        let region_order = asked.iter().rposition(|&n| n > 0).unwrap() + 1;
+        for key in ["fidelity_at_hold", "fidelity"] {
+            let f = &s[key];
+            assert_eq!(f["measure"], "intact", "{profile} {key}: {f}");
+            assert_eq!(f["orders"], region_order as u64, "{profile} {key}: {f}");
+            let zones = f["zones"].as_array().unwrap();
+            assert_eq!(zones.len(), 1, "{profile} {key}: {f}");
+            let z = &zones[0];
+            assert_eq!(z["zone"], zone, "{profile} {key}: {f}");
+            // The target is the profile as cut (planned + missing), the achieved the cut's blocks
+            // still free, the tolerance 10 % and 16 blocks; within exactly when no order is short.
+            let (target, achieved, tol) =
+                (numbers(&z["target"]), numbers(&z["achieved"]), numbers(&z["tolerance"]));
+            let asked: Vec<u64> =
+                numbers(&s["planned"]).iter().zip(numbers(&s["missing"])).map(|(p, m)| p + m).collect();
+            assert_eq!(target, asked[..region_order], "{profile} {key}: {f}");
+            assert!(achieved.iter().zip(&target).all(|(a, t)| a <= t), "{profile} {key}: {f}");
+            assert_eq!(tol, target.iter().map(|t| t / 10 + 16).collect::<Vec<_>>(), "{profile} {key}: {f}");
+            let short = target.iter().zip(&achieved).zip(&tol).any(|((t, a), d)| a + d < *t);
+            assert_eq!(z["within"], !short, "{profile} {key}: {f}");
+            assert_eq!(f["within"], !short, "{profile} {key}: {f}");
+        }
+        eprintln!("{profile} in {budget}: {} {}", s["fidelity_at_hold"], s["bounds"]);
+        for when in ["when the hold began", "now"] {
+            assert!(
+                human.contains(&format!(
+                    "profile fidelity {when} (the cut's blocks still free against the profile"
+                )),
+                "{human}"
+            );
+        }
+        assert!(human.contains(&format!("  {zone}: asked ")), "{human}");
+    }
+    // A max-free-order hold has no fidelity figure: its check is the keeper's record.
+    let out = fraglab(&dir, &["fragment", "--max-free-order", "4", "--budget", "64MiB", "--daemon"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&fraglab(&dir, &["status", "--json"]).stdout).unwrap();
+    assert!(fraglab(&dir, &["release"]).status.success());
+    assert!(s.get("fidelity").is_none() && s.get("fidelity_at_hold").is_none(), "{s}");
+}
+
 /// Dry runs whose plan must say what will happen for each kind of target: (args, must say, must not).
 type DryRun = (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>);
 
@@ -231,7 +301,17 @@ fn whole_machine_and_scaled_dry_runs() -> Vec<DryRun> {
             vec!["then the reserve's free blocks of order ≥ 4 are traded", "keep:     re-break"],
             vec!["then pipe pages"],
         ),
-        // Whole machine, max free order: the pipe fill does run.
+        // Whole machine, max free order 4 and up: the keeper's rings take the reserve's blocks.
+        (
+            vec!["fragment", "--max-free-order", "4", "--dry-run"],
+            vec![
+                "target:   whole machine, no free block of order ≥ 4 (64K)",
+                "then the keeper's rings take the blocks of order ≥ 4 still free in the reserve",
+                "!! WHOLE MACHINE on this host",
+            ],
+            vec!["pipe pages"],
+        ),
+        // Whole machine, max free order below the rings' smallest: the pipe fill does run.
         (
             vec!["fragment", "--max-free-order", "3", "--dry-run"],
             vec![

@@ -60,6 +60,39 @@ fn bounds(status: &serde_json::Value) -> String {
 /// At least `percent` of the planned blocks of each order are still free (give or take 3 blocks,
 /// for orders with few), and half of order 0's (order-0 allocations are served from the smallest
 /// blocks: docs/fragmenter.md, known limits).
+/// A whole-machine profile's fidelity in a status answer agrees with the status itself: one entry
+/// per target zone, the profile as cut (planned + missing) for target, the zone's line of this
+/// refresh's buddyinfo for achieved, ± 10 % and 16 blocks, within exactly when every order is.
+/// Returns it, printed, for what a test measures beyond that.
+fn fidelity_agrees(status: &serde_json::Value, at: &str) -> serde_json::Value {
+    let f = status["fidelity"].clone();
+    eprintln!("{at}: fidelity when the hold began {}; now {f}", status["fidelity_at_hold"]);
+    assert_eq!(f["measure"], "buddyinfo", "{at}: {f}");
+    assert_eq!(status["fidelity_at_hold"]["measure"], "buddyinfo", "{at}: {status}");
+    let orders = f["orders"].as_u64().unwrap() as usize;
+    let now: BuddyInfo = serde_json::from_value(status["buddyinfo_now"].clone()).unwrap();
+    let cuts = status["zones"].as_array().unwrap();
+    let zones = f["zones"].as_array().unwrap();
+    assert_eq!(zones.len(), cuts.len(), "{at}: {f}");
+    let mut all = true;
+    for (z, cut) in zones.iter().zip(cuts) {
+        assert_eq!(z["zone"], cut["zone"], "{at}: {f}");
+        let asked: Vec<u64> =
+            numbers(&cut["planned"]).iter().zip(numbers(&cut["missing"])).map(|(p, m)| p + m).collect();
+        assert_eq!(numbers(&z["target"]), asked[..orders], "{at}: {f}");
+        let line = now.zones.iter().find(|l| l.label() == z["zone"].as_str().unwrap()).unwrap();
+        assert_eq!(numbers(&z["achieved"]), line.free[..orders], "{at}: {f}");
+        let within = numbers(&z["target"])
+            .iter()
+            .zip(numbers(&z["achieved"]))
+            .all(|(&t, a)| a.abs_diff(t) <= t / 10 + 16);
+        assert_eq!(z["within"], within, "{at}: {f}");
+        all &= within;
+    }
+    assert_eq!(f["within"], all, "{at}: {f}");
+    f
+}
+
 fn mostly_intact(zone: &serde_json::Value, at: &str, percent: u64) {
     let (planned, intact) = (numbers(&zone["planned"]), numbers(&zone["intact"]));
     for (o, (p, i)) in planned.iter().zip(&intact).enumerate().skip(1) {
@@ -226,6 +259,7 @@ fn a_saved_two_node_buddyinfo_is_one_target_in_a_guest_shaped_from_it() {
     let f = guest_status(&results, "file");
     let b = bounds(&f);
     assert!(b.contains("rebreak: no free block of order ≥ 4 left"), "{b}");
+    fidelity_agrees(&f, "the saved buddyinfo");
     assert!(f["target"]["skipped"][0].as_str().unwrap().starts_with("Node 0, zone DMA (line 1)"), "{f}");
     let zones = f["zones"].as_array().unwrap();
     let names: Vec<&str> = zones.iter().map(|z| z["zone"].as_str().unwrap()).collect();
@@ -323,6 +357,8 @@ fn a_lower_zone_profile_is_a_whole_machine_target_reproduced_exactly() {
 
     // When the hold begins: the profile, in its zone, and nothing of order ≥ 7 anywhere.
     let begun = guest_status(&results, "begun");
+    fidelity_agrees(&begun, "node 1's DMA32 when the hold began");
+    fidelity_agrees(&guest_status(&results, "later"), "node 1's DMA32 a second on");
     let b = bounds(&begun);
     assert!(b.contains("held, not cut") && b.contains("rebreak: no free block of order ≥ 7 left"), "{b}");
     let zone = &begun["zones"][0];

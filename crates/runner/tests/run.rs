@@ -147,6 +147,73 @@ fn a_sweep_value_the_kernel_refuses_ends_the_run_with_its_record_whole() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A run of a budget profile measures the profile's fidelity when the hold begins and at the end of
+/// every window (target against the cut's blocks still free, per order), and judges a window off
+/// its profile as one that lost its target: its verdict can only be "not reproduced" when every
+/// window held both ways. Whatever this host's allocations do to the blocks meanwhile, the record,
+/// the verdict and the summary must agree with each other.
+#[test]
+fn a_budget_profile_run_judges_every_window_by_its_fidelity() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("fidelity");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("fidelity.toml");
+    let results = dir.join("results");
+    std::fs::write(
+        &config,
+        format!(
+            "[run]\nname = \"fidelity\"\noutput = \"{}\"\niterations = 3\n\n\
+             [fragment]\nprofile = \"1500 700 301 150 77 40 0 0 0 0 0\"\nbudget = \"256MiB\"\n\n\
+             [probe]\ninterval = \"200ms\"\nkmsg = false\n\n\
+             [[workload]]\nkind = \"trigger\"\ntrigger = \"pipe-resize\"\nbytes = \"1MiB\"\nrepeat = 3\n",
+            results.display()
+        ),
+    )
+    .unwrap();
+    let out = fraglab(&dir, &["run", config.to_str().unwrap()]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let run_dir = std::fs::read_dir(&results).unwrap().next().unwrap().unwrap().path();
+    let run = common::read_json(&run_dir.join("run.json"));
+    eprintln!("{stdout}\n{stderr}\nverdict {} — {}", run["verdict"], run["reason"]);
+    let began = &run["fragment"]["fidelity_at_hold"];
+    assert_eq!(began["measure"], "intact", "{began}");
+    assert_eq!(began["orders"], 6, "{began}");
+    assert_eq!(began["zones"][0]["target"], serde_json::json!([1500, 700, 301, 150, 77, 40]), "{began}");
+    assert!(stdout.contains("profile fidelity when the hold began (the cut's blocks still free"), "{stdout}");
+    if began["within"] == false {
+        // Off its profile before anything ran: could not test, and no window opened.
+        assert_eq!(out.status.code(), Some(125), "{stdout}");
+        assert!(run["reason"].as_str().unwrap().contains("off the profile when the hold begins"), "{run}");
+        return;
+    }
+    let workloads = common::read_json(&run_dir.join("workloads.json"));
+    let windows = workloads["workloads"].as_array().unwrap();
+    assert_eq!(windows.len(), 3, "{workloads}");
+    let mut off = 0;
+    for w in windows {
+        let t = &w["target"];
+        let f = &t["fidelity"];
+        assert_eq!(f["measure"], "intact", "{t}");
+        assert_eq!(f["zones"][0]["zone"], "all zones", "{t}");
+        let lost_ok = t["lost_s"].as_f64().unwrap() <= t["tolerance_s"].as_f64().unwrap();
+        assert_eq!(t["held"], lost_ok && f["within"] == true, "{t}");
+        off += usize::from(f["within"] == false);
+    }
+    assert!(
+        stdout.contains(&format!("profile fidelity at the end of each window: within in {} of 3", 3 - off)),
+        "{stdout}"
+    );
+    let reason = run["reason"].as_str().unwrap();
+    match out.status.code() {
+        // Not reproduced needs every window held, fidelity included.
+        Some(0) => assert!(windows.iter().all(|w| w["target"]["held"] == true), "{run}"),
+        Some(125) if off > 0 => assert!(reason.contains("off its profile when the window ended"), "{reason}"),
+        Some(125 | 1) => {}
+        other => panic!("exit {other:?}: {stdout}\n{stderr}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Whether this kernel opens SCTP sockets (the check a run's preflight makes).
 fn sctp_here() -> bool {
     // SAFETY: a plain socket(2) call; the descriptor is closed at once.

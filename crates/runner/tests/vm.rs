@@ -672,7 +672,7 @@ fn whole_machine_in_odd_sized_guests_holds_and_releases() {
         assert_eq!(status["leftover_pages"], 0, "{at}: the target was reached: {status}");
         let bounds = status["bounds"].as_array().unwrap();
         assert!(
-            bounds.iter().any(|b| b.as_str().unwrap().starts_with("fill: no free block")),
+            bounds.iter().any(|b| b.as_str().unwrap().starts_with("rebreak: no free block")),
             "{at}: {bounds:?}"
         );
         // The keeper took back the blocks the huge pages left (each 2 MiB; the kernel may take some
@@ -700,11 +700,11 @@ fn whole_machine_in_odd_sized_guests_holds_and_releases() {
 }
 
 /// What an `exec` workload inherits from a whole-machine run (in a guest, where the whole-machine
-/// target is reached and the workloads run): none of the pipe fill's descriptors — a child holding a
-/// write end would keep that pipe's pages after the guard or the release gave them back — and the
-/// descriptor limit fraglab started with, not the one the fill raised.
+/// target is reached and the workloads run): none of the keeper's ring pipes — a child holding a
+/// write end would keep that pipe's block after the guard or the release gave it back — and the
+/// descriptor limit fraglab started with, not the one raised for the rings.
 #[test]
-fn an_exec_workload_inherits_no_fill_pipes_and_the_original_descriptor_limit() {
+fn an_exec_workload_inherits_no_ring_pipes_and_the_original_descriptor_limit() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("inherit");
     std::fs::write(
@@ -743,15 +743,16 @@ fn an_exec_workload_inherits_no_fill_pipes_and_the_original_descriptor_limit() {
         run["reason"]
     );
     assert_eq!(run["status"], "complete", "{run}");
-    let fill = run["fragment"]["fill_bytes"].as_u64().unwrap();
-    assert!(fill > 0, "the run filled pipes: {}", run["fragment"]);
+    // Order 4: the keeper's rings took the reserve's high-order blocks, one pipe each.
+    let rings = run["fragment"]["keeping"]["pipes"].as_u64().unwrap();
+    assert!(rings > 0, "the run's keeper holds rings: {}", run["fragment"]);
     let workloads = json(&results.join("workloads.json"))["workloads"].clone();
     let stdout = workloads[0]["result"]["details"]["stdout"].as_str().unwrap().to_string();
-    eprintln!("{} MiB of fill pipes; the command saw:\n{stdout}", fill >> 20);
+    eprintln!("{rings} rings; the command saw:\n{stdout}");
     let limit: u64 = stdout.lines().next().unwrap().trim().parse().unwrap();
     assert!(limit < 100_000, "the raised limit leaked into the command: {stdout}");
     let pipes = stdout.lines().filter(|l| l.contains("pipe:")).count();
-    assert_eq!(pipes, 2, "only its own stdout and stderr are pipes, not the fill's: {stdout}");
+    assert_eq!(pipes, 2, "only its own stdout and stderr are pipes, not the keeper's: {stdout}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -142,18 +142,22 @@ fn whole_machine_daemon_on_a_host_holds_and_releases_at_every_alignment() {
         let pid = s["pid"].as_i64().unwrap() as i32;
         let bounds: Vec<&str> = s["bounds"].as_array().unwrap().iter().map(|b| b.as_str().unwrap()).collect();
         eprintln!("take {take} skew {skew} reserve {reserve}: {bounds:?}");
-        for step in ["populate: ", "settle: ", "fill: "] {
+        for step in ["populate: ", "settle: ", "rebreak: "] {
             assert!(bounds.iter().any(|b| b.starts_with(step)), "no {step:?} bound in {bounds:?}");
         }
         let held = s["held_bytes"].as_u64().unwrap() + s["freed_bytes"].as_u64().unwrap();
         assert!(held > 512 * MIB && held <= take + 128 * MIB, "took {held} B, asked about {take}");
         assert!(vm_lck(pid) > 0, "the daemon holds mlocked memory");
-        // The fill never eats into the reserve the rest of the machine was promised: by its own
-        // reading when it ended (a live MemAvailable moves by 100+ MiB here with nothing held changing).
-        let fill_bound = bounds.iter().find(|b| b.starts_with("fill: ")).unwrap();
+        // Order 4: the keeper's rings take the reserve's blocks, no pipe page is written (order-0
+        // pages would come out of the cut's blocks first).
+        assert!(!bounds.iter().any(|b| b.starts_with("fill: ")), "no pipe fill at order 4: {bounds:?}");
+        assert_eq!(s["fill_bytes"], 0, "{bounds:?}");
+        // The rings never eat into the reserve the rest of the machine was promised: they stop
+        // there, and a reserve of many GiB in high-order blocks leaves the target unreached.
+        let rebreak = bounds.iter().find(|b| b.starts_with("rebreak: ")).unwrap();
         assert!(
-            fill_bound.contains("above the reserve") || fill_bound.contains("no free block"),
-            "the fill ended at the reserve or at the target: {fill_bound}"
+            rebreak.contains("re-breaking paused: an order-") || rebreak.contains("no free block"),
+            "the rings ended at the reserve or at the target: {rebreak}"
         );
 
         let rel = fraglab(&dir, &["release"]);
@@ -259,7 +263,9 @@ fn a_fill_of_many_gib_fits_in_1024_descriptors() {
     let before = sysctls_at_rest(&dir, "the test");
     let reserve = reserve_leaving(6 << 30, 4095);
     let mut cmd = command(&dir);
-    cmd.args(["fragment", "--max-free-order", "4", "--reserve", &reserve, "--daemon"]);
+    // Without the keeper the reserve's blocks are broken up with pipe pages (order 4 and up, the
+    // keeper's rings take them instead).
+    cmd.args(["fragment", "--max-free-order", "4", "--no-keep", "--reserve", &reserve, "--daemon"]);
     // SAFETY: prctl and setrlimit are plain system calls, safe between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -303,60 +309,90 @@ fn a_fill_of_many_gib_fits_in_1024_descriptors() {
 }
 
 /// Memory pressure on a whole-machine hold: the guard gives back the arena's chunks — counted as the
-/// memory they still hold after the cut, a sixteenth of their mapping — and then the reserve's pipe
-/// pages, in the same step, until the floor is met again. (Counting mappings, the first step "gave
-/// back" 256 MiB while freeing 16, and never reached the pipes.)
+/// memory they still hold after the cut, a sixteenth of their mapping — and then the reserve's
+/// unmovable blocks (the keeper's rings at order 4; the pipe fill's pages with `--no-keep`), in the
+/// same step, until the floor is met again. (Counting mappings, the first step "gave back" 256 MiB
+/// while freeing 16, and never reached the pipes.)
 #[test]
-fn pressure_on_a_whole_machine_hold_gives_back_chunks_then_pipes() {
+fn pressure_on_a_whole_machine_hold_gives_back_chunks_then_rings_or_pipes() {
     let _s = serial();
     let dir = scratch("pressure");
     let before = sysctls_at_rest(&dir, "the test");
-    let avail = mem_available();
-    // Take 2 GiB; the floor sits 128 MiB above the reserve, so the fill stops 128 MiB above the
-    // floor (its margin for MemAvailable's noise) with what the cut freed beyond that in pipes.
-    let reserve = avail - (2 << 30);
-    let floor = reserve + 128 * MIB;
-    let _daemon = Daemon(dir.clone());
-    let out = fraglab(
-        &dir,
-        &[
-            "fragment",
-            "--max-free-order",
-            "4",
-            "--reserve",
-            &reserve.to_string(),
-            "--floor",
-            &floor.to_string(),
-            "--daemon",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let s = status(&dir).expect("the daemon answers status");
-    let pid = s["pid"].as_i64().unwrap() as i32;
-    let (held, fill) = (s["held_bytes"].as_u64().unwrap(), s["fill_bytes"].as_u64().unwrap());
-    eprintln!("holding {} MiB in the arena, {} MiB in pipes: {}", held >> 20, fill >> 20, s["bounds"]);
-    assert!(fill >= 32 * MIB, "the fill this test needs, after a cut that freed {}: {s}", s["freed_bytes"]);
-    assert!(s["events"].as_array().unwrap().is_empty(), "no pressure yet: {}", s["events"]);
+    // This host's free memory starts with ~2 GiB of small blocks, which populating soaks up first
+    // and which form few whole regions: 3 GiB leaves the cut enough to free (2 GiB once freed 5 MiB).
+    for (keep, take) in [(true, 3072 * MIB), (false, 3328 * MIB + 4097)] {
+        let avail = mem_available();
+        // The floor sits 128 MiB above the reserve, so the rings (or the fill) stop 128 MiB above
+        // the floor (the margin for MemAvailable's noise), with what the cut freed beyond that
+        // holding the reserve's high-order blocks.
+        let reserve = avail - take;
+        let floor = reserve + 128 * MIB;
+        let _daemon = Daemon(dir.clone());
+        let (reserve, floor) = (reserve.to_string(), floor.to_string());
+        let mut args = vec!["fragment", "--max-free-order", "4", "--reserve", &reserve, "--floor", &floor];
+        args.extend(if keep { &["--daemon"][..] } else { &["--no-keep", "--daemon"][..] });
+        let out = fraglab(&dir, &args);
+        let at = if keep { "rings" } else { "pipes" };
+        assert!(out.status.success(), "{at}: {}", text(&out));
+        let s = status(&dir).expect("the daemon answers status");
+        let pid = s["pid"].as_i64().unwrap() as i32;
+        let held = s["held_bytes"].as_u64().unwrap();
+        let unmovable = |s: &serde_json::Value| {
+            s["fill_bytes"].as_u64().unwrap() + s["keeping"]["added_bytes"].as_u64().unwrap()
+        };
+        let (fill, rings) =
+            (s["fill_bytes"].as_u64().unwrap(), s["keeping"]["added_bytes"].as_u64().unwrap());
+        eprintln!(
+            "{at}: holding {} MiB in the arena, {} MiB in pipes, {} MiB in rings: {}",
+            held >> 20,
+            fill >> 20,
+            rings >> 20,
+            s["bounds"]
+        );
+        match keep {
+            true => assert!(fill == 0 && rings >= 32 * MIB, "{at}: the rings this test needs: {s}"),
+            false => assert!(rings == 0 && fill >= 32 * MIB, "{at}: the fill this test needs: {s}"),
+        }
+        assert!(s["events"].as_array().unwrap().is_empty(), "{at}: no pressure yet: {}", s["events"]);
 
-    // Cross the floor by everything the arena holds and half the pipes.
-    let hog = common::Hog::take((mem_available().saturating_sub(floor) + held + fill / 2) as usize);
-    // The guard answers every 200 ms while the hog faults in, each time with what it takes then.
-    let mut after = serde_json::Value::Null;
-    wait_until(Duration::from_secs(60), "the guard meets the floor again (a hang guard)", || {
-        after = status(&dir).unwrap();
-        mem_available() >= floor && !after["events"].as_array().unwrap().is_empty()
-    });
-    let events: Vec<&str> = after["events"].as_array().unwrap().iter().map(|e| e.as_str().unwrap()).collect();
-    eprintln!("{events:#?}");
-    assert!(events.iter().all(|e| e.contains("fell below the floor")), "{events:?}");
-    assert!(events.iter().any(|e| e.contains("of it pipe pages")), "pipes given back too: {events:?}");
-    assert!(after["fill_bytes"].as_u64().unwrap() < fill, "{after}");
-    assert_eq!(after["held_bytes"], 0, "every chunk went before any pipe: {after}");
-    assert!(after["target_lost"].as_str().is_some_and(|t| t.contains("memory pressure")), "{after}");
-    drop(hog);
+        // Cross the floor by everything the arena holds and half the rings or pipes.
+        let floor_bytes: u64 = floor.parse().unwrap();
+        let hog = common::Hog::take(
+            (mem_available().saturating_sub(floor_bytes) + held + unmovable(&s) / 2) as usize,
+        );
+        // The guard answers every 200 ms while the hog faults in, each time with what it takes then.
+        let mut after = serde_json::Value::Null;
+        wait_until(Duration::from_secs(60), "the guard meets the floor again (a hang guard)", || {
+            after = status(&dir).unwrap();
+            mem_available() >= floor_bytes && !after["events"].as_array().unwrap().is_empty()
+        });
+        let events: Vec<&str> =
+            after["events"].as_array().unwrap().iter().map(|e| e.as_str().unwrap()).collect();
+        eprintln!("{at}: {events:#?}");
+        assert!(events.iter().all(|e| e.contains("fell below the floor")), "{at}: {events:?}");
+        assert!(
+            events.iter().any(|e| e.contains("of it pipe pages and rings")),
+            "{at}: given back too: {events:?}"
+        );
+        assert!(unmovable(&after) < unmovable(&s), "{at}: {after}");
+        let piped: u64 =
+            after["give_backs"].as_array().unwrap().iter().map(|g| g["pipe_bytes"].as_u64().unwrap()).sum();
+        assert_eq!(
+            piped,
+            unmovable(&s) - unmovable(&after),
+            "{at}: give_backs count the rings and pipes: {after}"
+        );
+        assert_eq!(after["held_bytes"], 0, "{at}: every chunk went before any ring or pipe: {after}");
+        assert!(
+            after["target_lost"].as_str().is_some_and(|t| t.contains("memory pressure")),
+            "{at}: {after}"
+        );
+        drop(hog);
 
-    let rel = fraglab(&dir, &["release"]);
-    assert!(rel.status.success(), "{}", text(&rel));
-    assert_eq!(vm_lck(pid), 0);
-    assert_eq!(sysctls_at_rest(&dir, "the test"), before);
+        let rel = fraglab(&dir, &["release"]);
+        assert!(rel.status.success(), "{at}: {}", text(&rel));
+        wait_until(Duration::from_secs(60), "the released daemon's process has exited", || exited(pid));
+        assert_eq!(vm_lck(pid), 0);
+        assert_eq!(sysctls_at_rest(&dir, "the test"), before, "{at}");
+    }
 }
