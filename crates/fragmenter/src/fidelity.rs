@@ -11,11 +11,7 @@
 //! Orders at and above the cut's region order are not compared here: a free block there is a loss
 //! of the hold, which the keeper records (and takes back) as it happens.
 
-use fraglab_probe::buddyinfo::BuddyInfo;
 use serde::{Deserialize, Serialize};
-
-use crate::fragment::Status;
-use crate::target::Target;
 
 /// The stated tolerance, per order: the profile's count ± 10 % and 16 blocks. What whole-machine
 /// holds reached when they began, measured in guests (docs/fragmenter.md, "Nodes and zones": up to
@@ -115,60 +111,6 @@ impl Fidelity {
             .collect::<Vec<_>>()
             .join("; ")
     }
-}
-
-/// The fidelity of `status`'s hold now: against `now` (buddyinfo) for a whole machine, against the
-/// intact counts `status` last refreshed for a budget. `None` for a max-free-order target, whose
-/// check is that no block at or above its order is free (the keeper's record), and for a hold with
-/// nothing planned.
-pub fn measure(status: &Status, region_order: usize, now: &BuddyInfo, at_ns: u64) -> Option<Fidelity> {
-    let whole = status.budget.is_none();
-    let measure = if whole { Measure::Buddyinfo } else { Measure::Intact };
-    let below = |v: &[u64]| v.iter().take(region_order).copied().collect::<Vec<u64>>();
-    let asked = |planned: &[u64], missing: &[u64]| {
-        below(&planned.iter().zip(missing).map(|(p, m)| p + m).collect::<Vec<_>>())
-    };
-    let zones = match &status.target {
-        Target::MaxFreeOrder { .. } => return None,
-        _ if region_order == 0 => return None,
-        // A profile that named no zone is built wherever fraglab's memory was: the machine's zones
-        // in play together (all but DMA, which whole-machine mode puts out of reach).
-        Target::Profile { .. } if status.zones.is_empty() => {
-            let achieved = if whole {
-                let mut sum = vec![0u64; region_order];
-                for z in now.zones.iter().filter(|z| crate::keeper::in_play(&z.zone)) {
-                    for (o, n) in z.free.iter().take(region_order).enumerate() {
-                        sum[o] += n;
-                    }
-                }
-                sum
-            } else {
-                below(&status.intact)
-            };
-            vec![ZoneFidelity::new(
-                "all zones".into(),
-                asked(&status.planned, &status.missing),
-                achieved,
-                measure,
-            )]
-        }
-        _ => status
-            .zones
-            .iter()
-            .map(|z| {
-                let achieved = if whole {
-                    let line = now.zones.iter().find(|b| b.label() == z.zone);
-                    (0..region_order)
-                        .map(|o| line.and_then(|l| l.free.get(o)).copied().unwrap_or(0))
-                        .collect()
-                } else {
-                    below(&z.intact)
-                };
-                ZoneFidelity::new(z.zone.clone(), asked(&z.planned, &z.missing), achieved, measure)
-            })
-            .collect(),
-    };
-    Some(Fidelity::of(zones, measure, region_order, at_ns))
 }
 
 #[cfg(test)]

@@ -279,6 +279,67 @@ pub struct Status {
     pub fidelity_at_hold: Option<Fidelity>,
 }
 
+impl Status {
+    /// The fidelity of this hold now: against `now` (buddyinfo) for a whole machine, against the
+    /// intact counts last refreshed for a budget. `None` for a max-free-order target, whose
+    /// check is that no block at or above its order is free (the keeper's record), and for a hold with
+    /// nothing planned.
+    pub fn measure_fidelity(&self, region_order: usize, now: &BuddyInfo, at_ns: u64) -> Option<Fidelity> {
+        let whole = self.budget.is_none();
+        let measure = if whole { fidelity::Measure::Buddyinfo } else { fidelity::Measure::Intact };
+        let below = |v: &[u64]| v.iter().take(region_order).copied().collect::<Vec<u64>>();
+        let asked = |planned: &[u64], missing: &[u64]| {
+            below(&planned.iter().zip(missing).map(|(p, m)| p + m).collect::<Vec<_>>())
+        };
+        let zones = match &self.target {
+            Target::MaxFreeOrder { .. } => return None,
+            _ if region_order == 0 => return None,
+            // A profile that named no zone is built wherever fraglab's memory was: the machine's zones
+            // in play together (all but DMA, which whole-machine mode puts out of reach).
+            Target::Profile { .. } if self.zones.is_empty() => {
+                let achieved = if whole {
+                    let mut sum = vec![0u64; region_order];
+                    for z in now.zones.iter().filter(|z| crate::keeper::in_play(&z.zone)) {
+                        for (o, n) in z.free.iter().take(region_order).enumerate() {
+                            sum[o] += n;
+                        }
+                    }
+                    sum
+                } else {
+                    below(&self.intact)
+                };
+                vec![fidelity::ZoneFidelity::new(
+                    "all zones".into(),
+                    asked(&self.planned, &self.missing),
+                    achieved,
+                    measure,
+                )]
+            }
+            _ => self
+                .zones
+                .iter()
+                .map(|z| {
+                    let achieved = if whole {
+                        let line = now.zones.iter().find(|b| b.label() == z.zone);
+                        (0..region_order)
+                            .map(|o| line.and_then(|l| l.free.get(o)).copied().unwrap_or(0))
+                            .collect()
+                    } else {
+                        below(&z.intact)
+                    };
+                    fidelity::ZoneFidelity::new(
+                        z.zone.clone(),
+                        asked(&z.planned, &z.missing),
+                        achieved,
+                        measure,
+                    )
+                })
+                .collect(),
+        };
+        Some(Fidelity::of(zones, measure, region_order, at_ns))
+    }
+}
+
 /// One give-back of the guard: MemAvailable fell below the floor, and memory went back to the
 /// kernel before the OOM killer had to find it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -874,8 +935,7 @@ impl Fragmenter {
         let keeping = self.keeper.status();
         self.status.now = Some(self.now(&keeping)?);
         self.status.keeping = Some(keeping);
-        self.status.fidelity = fidelity::measure(
-            &self.status,
+        self.status.fidelity = self.status.measure_fidelity(
             self.plan.region_order(),
             &self.status.buddyinfo_now,
             fraglab_probe::snapshot::monotonic_ns()?,
@@ -905,7 +965,7 @@ impl Fragmenter {
                 status.intact = intact_blocks(at, self.plan.nr_orders)?;
             }
         }
-        Ok(fidelity::measure(&status, self.plan.region_order(), &now, at_ns))
+        Ok(status.measure_fidelity(self.plan.region_order(), &now, at_ns))
     }
 
     /// Whether the target holds, as the keeper's record has it — the record a run's verdict is
