@@ -884,10 +884,11 @@ impl Fragmenter {
                 }
                 if taken_at.elapsed() >= STALLED_FOR {
                     break format!(
-                        "{}: the kernel handed out none for {} ms ({} refused); {}",
+                        "{}: the kernel handed out none for {} ms ({} refused) — {}; {}",
                         still(),
                         STALLED_FOR.as_millis(),
                         keeping.refused,
+                        leftover_where(&BuddyInfo::read()?, &ZoneInfo::read()?, k),
                         took()
                     );
                 }
@@ -1433,6 +1434,53 @@ struct Trade {
 /// which lowmem_reserve keeps out of reach of ordinary allocations anyway.
 pub fn leftover_pages(b: &BuddyInfo, k: usize) -> u64 {
     b.zones.iter().filter(|z| z.zone != "DMA").map(|z| z.free_pages_at_or_above(k)).sum()
+}
+
+/// Where the free blocks of order ≥ `k` are, zone by zone, with the watermarks that decide whether
+/// the kernel hands them out. The keeper's ring is a GFP_KERNEL allocation: a zone whose free pages,
+/// less the block, fall under its low watermark (boost included) plus the protection it keeps from a
+/// Normal-zone request is passed over on the first try, and under min refused outright — to the
+/// keeper as to any ordinary allocation of the reproduction; only atomic and high-priority requests
+/// dip below min. So a block left there is free in buddyinfo yet not an order an ordinary
+/// allocation can have.
+pub fn leftover_where(b: &BuddyInfo, zoneinfo: &ZoneInfo, k: usize) -> String {
+    b.zones
+        .iter()
+        .filter(|z| z.zone != "DMA" && z.free_pages_at_or_above(k) > 0)
+        .map(|z| {
+            let blocks: Vec<String> =
+                (k..z.free.len()).filter(|&o| z.free[o] > 0).map(|o| format!("{o}: {}", z.free[o])).collect();
+            let marks = zoneinfo.zone(z.node, &z.zone).map(|zi| {
+                // protection[] is indexed by the request's highest zone, in the node's zone order.
+                let normal =
+                    zoneinfo.zones.iter().filter(|n| n.node == z.node).position(|n| n.zone == "Normal");
+                let protect = normal.and_then(|i| zi.protection.get(i)).copied().unwrap_or(0);
+                let smallest = (k..z.free.len()).find(|&o| z.free[o] > 0).unwrap_or(k);
+                let after = zi.nr_free_pages.saturating_sub(1 << smallest);
+                let verdict = if after <= zi.min + protect {
+                    "under min, refused to all but atomic requests"
+                } else if after <= zi.low + protect {
+                    "under low, passed over until reclaim or compaction"
+                } else {
+                    "above low"
+                };
+                format!(
+                    "{} pages free against min {} and low {}, boost {} in both, protection {protect}: {verdict}",
+                    zi.nr_free_pages,
+                    zi.min,
+                    zi.low,
+                    zi.boost.unwrap_or(0)
+                )
+            });
+            format!(
+                "{}: order {} ({})",
+                z.label(),
+                blocks.join(", "),
+                marks.unwrap_or_else(|| "not in zoneinfo".into())
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The smallest step of the whole-machine pipe fill.

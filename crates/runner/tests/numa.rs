@@ -360,7 +360,30 @@ fn a_lower_zone_profile_is_a_whole_machine_target_reproduced_exactly() {
     fidelity_agrees(&begun, "node 1's DMA32 when the hold began");
     fidelity_agrees(&guest_status(&results, "later"), "node 1's DMA32 a second on");
     let b = bounds(&begun);
-    assert!(b.contains("held, not cut") && b.contains("rebreak: no free block of order ≥ 7 left"), "{b}");
+    assert!(b.contains("held, not cut"), "{b}");
+    // Re-breaking ends with no block of order ≥ 7 free, or with the kernel refusing the rest: every
+    // zone that still has one sits under its min watermark, where no ordinary allocation can have
+    // it (populating takes MemAvailable down to the reserve, and with it some zones to min; seen in
+    // 5 of 21 runs: docs/fragmenter.md, known limits). The line gives the zone's figures: check them.
+    let rebreak = b.lines().find(|l| l.starts_with("rebreak: ")).unwrap_or_else(|| panic!("{b}"));
+    eprintln!("{rebreak}");
+    if !rebreak.starts_with("rebreak: no free block of order ≥ 7 left") {
+        let (_, zones) = rebreak.split_once(" — ").unwrap_or_else(|| panic!("no zones named: {rebreak}"));
+        let (zones, _) = zones.rsplit_once("; ").unwrap();
+        assert!(rebreak.contains("the kernel handed out none"), "{rebreak}");
+        for z in zones.split("; ") {
+            let figure = |after: &str| -> u64 {
+                let rest = &z[z.find(after).unwrap_or_else(|| panic!("{after} in {z}")) + after.len()..];
+                rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+            };
+            let smallest: u64 = figure(": order ");
+            let (free, min, protect) = (figure("("), figure("against min "), figure("protection "));
+            assert!(
+                free - (1 << smallest) <= min + protect && z.contains("under min, refused"),
+                "a block left in a zone above min: {z}"
+            );
+        }
+    }
     let zone = &begun["zones"][0];
     assert_eq!(numbers(&zone["planned"]), profile, "{zone}");
     // The cut's blocks, but for those taken while the reserve was re-broken (30–100 % left, per
