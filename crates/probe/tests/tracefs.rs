@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use fraglab_probe::tracefs::{
     failure_filter, migratetype_name, parse_alloc_line, parse_alloc_payload, parse_extfrag_payload,
-    parse_trace_line, AllocFailure, Catcher, GfpTable, Options, TraceParser, DEFAULT_ROOT, FAILED_PFN,
-    LOCK_DIR, MOUNT_LOCK, MOUNT_MARKER, USERS_LOCK,
+    parse_trace_line, AllocFailure, Catcher, Folded, GfpTable, Options, TraceParser, DEFAULT_ROOT,
+    FAILED_PFN, KEPT_PER_SITE, LOCK_DIR, MOUNT_LOCK, MOUNT_MARKER, USERS_LOCK,
 };
 
 fn capture(name: &str) -> String {
@@ -34,6 +34,59 @@ fn parse_all(text: &str) -> (Vec<AllocFailure>, TraceParser) {
     }
     p.end_of_read();
     (p.take_ready(true), p)
+}
+
+/// A real flood of failures (30 TCP streams' order-3 page-frag refills in a 6.1 guest) folded as
+/// the catcher folds them: every site keeps its first KEPT_PER_SITE whole and the rest as repeats,
+/// and nothing is lost — per site the same count and the same times, in any window the same number
+/// — and the folded records make the same JSON round trip as alloc_failures.jsonl.
+#[test]
+fn a_flood_of_real_failures_folds_without_losing_any() {
+    let raw: Vec<AllocFailure> = capture("guest-6.1-tcp30-alloc_failures.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(raw.len(), 200);
+    let mut folder = Folded::default();
+    for f in raw.iter().cloned() {
+        folder.push(f);
+    }
+    let folded = folder.take();
+    let site = |f: &AllocFailure| (f.pid, f.comm.clone(), f.order, f.gfp_flags.clone(), f.stack.clone());
+    let mut sites: std::collections::BTreeMap<_, (usize, Vec<f64>)> = Default::default();
+    for f in &raw {
+        let e = sites.entry(site(f)).or_default();
+        e.0 += 1;
+        e.1.push(f.time);
+    }
+    let biggest = sites.values().map(|(n, _)| *n).max().unwrap();
+    assert!(biggest > 2 * KEPT_PER_SITE, "the capture has a site that folds: {biggest}");
+    for (key, (n, times)) in &sites {
+        let of: Vec<&AllocFailure> = folded.iter().filter(|f| site(f) == *key).collect();
+        assert_eq!(of.len(), (*n).min(KEPT_PER_SITE), "{key:?}: whole records");
+        assert_eq!(of.iter().map(|f| f.count()).sum::<u64>(), *n as u64, "{key:?}: all counted");
+        let mut got: Vec<f64> = of.iter().flat_map(|f| f.times()).collect();
+        got.sort_by(f64::total_cmp);
+        let mut want = times.clone();
+        want.sort_by(f64::total_cmp);
+        assert_eq!(got, want, "{key:?}: the same times");
+    }
+    assert!(folded.len() < raw.len() / 2, "{} records of {}", folded.len(), raw.len());
+    // Any window counts the same; `within` keeps exactly the window's.
+    let (t0, t1) = (raw[0].time, raw[raw.len() - 1].time);
+    for k in 0..4 {
+        let (from, to) = (t0 + (t1 - t0) * k as f64 / 4.0, t0 + (t1 - t0) * (k + 1) as f64 / 4.0);
+        let want = raw.iter().filter(|f| (from..=to).contains(&f.time)).count() as u64;
+        assert_eq!(folded.iter().map(|f| f.count_within(from, to)).sum::<u64>(), want);
+        let inside: Vec<AllocFailure> = folded.iter().filter_map(|f| f.within(from, to)).collect();
+        assert_eq!(inside.iter().map(|f| f.count()).sum::<u64>(), want);
+        assert!(inside.iter().flat_map(|f| f.times()).all(|t| (from..=to).contains(&t)));
+    }
+    for f in &folded {
+        let json = serde_json::to_string(f).unwrap();
+        assert_eq!(&serde_json::from_str::<AllocFailure>(&json).unwrap(), f);
+        assert_eq!(json.contains("\"repeats\""), !f.repeats.is_empty(), "{json}");
+    }
 }
 
 #[test]

@@ -855,11 +855,11 @@ pub fn compare(runs: &[RunData]) -> Result<Comparison> {
     let mut by_errno: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for (i, r) in runs.iter().enumerate() {
         for f in r.run.failed() {
-            orders.entry(u64::from(f.order)).or_insert_with(|| vec![0; runs.len()])[i] += 1;
+            orders.entry(u64::from(f.order)).or_insert_with(|| vec![0; runs.len()])[i] += f.count();
             let site = fraglab_probe::stack::call_site(&f.stack)
                 .map_or_else(|| "(no stack)".to_string(), |s| s.to_string());
             let outcome = fraglab_probe::fallback::classify(f.order, &f.gfp_flags, &f.stack).outcome;
-            sites.entry((outcome, f.order, site)).or_insert_with(|| vec![0; runs.len()])[i] += 1;
+            sites.entry((outcome, f.order, site)).or_insert_with(|| vec![0; runs.len()])[i] += f.count();
         }
         for w in &r.run.workloads {
             for (e, n) in errno_counts(&w.result) {

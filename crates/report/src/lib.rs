@@ -775,8 +775,9 @@ fn failures(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String {
     let bucket = t_end / 600.0;
     let mut by_order: BTreeMap<u32, BTreeMap<i64, Bucket>> = BTreeMap::new();
     let mut out_of_range = 0;
-    for f in &r.failures {
-        let t = f.time - r.t0_ns as f64 / 1e9;
+    // A failure's repeats ([`AllocFailure::times`]) each land in their own bucket.
+    for (f, time) in r.failures.iter().flat_map(|f| f.times().map(move |t| (f, t))) {
+        let t = time - r.t0_ns as f64 / 1e9;
         if t < -1.0 || t > t_end + 1.0 {
             out_of_range += 1;
         }
@@ -794,7 +795,7 @@ fn failures(letter: &str, r: &RunData, summary: &mut Vec<String>) -> String {
         if letter == "A" { String::new() } else { format!(" ({letter})") },
         total_errnos,
         by_errno.len(),
-        r.failures.len()
+        r.failures.iter().map(|f| f.count()).sum::<u64>()
     ));
     o += &surfaced_lead(r);
     if by_errno.is_empty() && by_order.is_empty() && unplaced == 0 {
@@ -1084,6 +1085,7 @@ mod tests {
             pfn: None,
             stack: vec![],
             line: String::new(),
+            repeats: vec![],
         }
     }
 

@@ -31,7 +31,12 @@ impl Group {
 
 /// Caught failures grouped by outcome and call site (see [`grouped`]).
 pub fn groups<'a>(failures: impl IntoIterator<Item = &'a AllocFailure>) -> Vec<Group> {
-    grouped(failures.into_iter().map(|f| (f.order, &f.gfp_flags[..], &f.stack[..])))
+    // A failure with repeats counts as many times as it happened (references, not copies).
+    grouped(
+        failures
+            .into_iter()
+            .flat_map(|f| std::iter::repeat_n((f.order, &f.gfp_flags[..], &f.stack[..]), f.count() as usize)),
+    )
 }
 
 /// Failures, given as (order, gfp flag names, stack innermost first), grouped by outcome and call
@@ -105,15 +110,20 @@ pub fn ties(spans: &[Span], workloads: &[WorkloadRecord], failures: &[&AllocFail
         if errors.is_empty() {
             continue;
         }
-        let inside: Vec<&AllocFailure> =
-            surfaced.iter().copied().filter(|f| f.time >= s.start_s && f.time <= s.end_s).collect();
+        let inside: Vec<(&AllocFailure, u64)> = surfaced
+            .iter()
+            .map(|f| (*f, f.count_within(s.start_s, s.end_s)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
         if inside.is_empty() {
             continue;
         }
         out.push(Tie {
             window: w.window_name(),
             errors,
-            surfaced: group_by_caller(inside.iter().map(|f| (f.order, &f.stack[..]))),
+            surfaced: group_by_caller(
+                inside.iter().flat_map(|&(f, n)| std::iter::repeat_n((f.order, &f.stack[..]), n as usize)),
+            ),
         });
     }
     out

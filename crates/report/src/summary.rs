@@ -171,8 +171,8 @@ pub fn render_run(run: &Run) -> String {
     let mut by_order: BTreeMap<u32, (u64, BTreeMap<String, u64>)> = BTreeMap::new();
     for f in &failures {
         let e = by_order.entry(f.order).or_default();
-        e.0 += 1;
-        *e.1.entry(f.comm.clone()).or_default() += 1;
+        e.0 += f.count();
+        *e.1.entry(f.comm.clone()).or_default() += f.count();
     }
     if by_order.is_empty() {
         o += "\nkernel: no failed allocation caught\n";

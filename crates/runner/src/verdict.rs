@@ -40,9 +40,9 @@ pub fn run(
         name(frame).is_some_and(|f| wanted.iter().any(|w| name(w) == Some(f)))
     };
     let of_order: Vec<_> = failures.iter().filter(|f| f.order >= min_order).collect();
-    let caught = match wanted.is_empty() {
-        true => of_order.iter().filter(|f| fraglab_probe::fallback::surfaced(f)).count(),
-        false => of_order.iter().filter(|f| f.stack.iter().any(|s| names(s))).count(),
+    let caught: u64 = match wanted.is_empty() {
+        true => of_order.iter().filter(|f| fraglab_probe::fallback::surfaced(f)).map(|f| f.count()).sum(),
+        false => of_order.iter().filter(|f| f.stack.iter().any(|s| names(s))).map(|f| f.count()).sum(),
     };
     let in_what = if wanted.is_empty() { String::new() } else { format!(" in {}", wanted.join("/")) };
     if caught > 0 {
@@ -57,7 +57,7 @@ pub fn run(
     if !wanted.is_empty() {
         // A failure whose stack the catcher did not get (the ring buffer overflowed, the stack came
         // too late) may have been in the wanted function: that is not a "no".
-        let unknown = of_order.iter().filter(|f| f.stack.is_empty()).count();
+        let unknown: u64 = of_order.iter().filter(|f| f.stack.is_empty()).map(|f| f.count()).sum();
         if unknown > 0 {
             return (
                 Verdict::CouldNotTest,
@@ -87,7 +87,7 @@ pub fn run(
         );
     }
     // Every caught failure of the order fell back, or there would have been a verdict above.
-    let aside = match of_order.len() {
+    let aside = match of_order.iter().map(|f| f.count()).sum::<u64>() {
         0 => String::new(),
         n => format!(
             " that surfaced ({n} fell back: counted only when [expect] failed_in names their call site)"
@@ -105,7 +105,7 @@ pub struct WindowVerdict<'a> {
     pub verdict: Verdict,
     pub reason: String,
     /// The failed allocations caught in the kernel during the window, whatever their order.
-    pub caught: usize,
+    pub caught: u64,
 }
 
 /// Each workload window of a run judged on its own: by the errnos its workload saw, the failed
@@ -129,11 +129,10 @@ pub fn windows(run: &Run) -> Vec<WindowVerdict<'_>> {
             let phase =
                 run.record.phases.iter().find(|p| p.workload.as_ref().is_some_and(|win| w.ran_in(win)));
             let in_window: Vec<AllocFailure> = match phase {
-                Some(p) => failed
-                    .iter()
-                    .filter(|f| (p.start_ns as f64..=p.end_ns as f64).contains(&(f.time * 1e9)))
-                    .map(|f| (*f).clone())
-                    .collect(),
+                Some(p) => {
+                    let (from, to) = (p.start_ns as f64 / 1e9, p.end_ns as f64 / 1e9);
+                    failed.iter().filter_map(|f| f.within(from, to)).collect()
+                }
                 None => Vec::new(),
             };
             let (mut verdict, mut reason) =
@@ -152,7 +151,7 @@ pub fn windows(run: &Run) -> Vec<WindowVerdict<'_>> {
                         (Verdict::Interrupted, format!("{reason} before a signal stopped it"));
                 }
             }
-            WindowVerdict { workload: w, verdict, reason, caught: in_window.len() }
+            WindowVerdict { workload: w, verdict, reason, caught: in_window.iter().map(|f| f.count()).sum() }
         })
         .collect()
 }
@@ -314,7 +313,7 @@ mod tests {
         run.workloads[1].target.as_mut().unwrap().held = false;
         run.workloads[1].target.as_mut().unwrap().lost_s = 0.4;
         let v = windows(&run);
-        let got: Vec<(Verdict, usize)> = v.iter().map(|w| (w.verdict, w.caught)).collect();
+        let got: Vec<(Verdict, u64)> = v.iter().map(|w| (w.verdict, w.caught)).collect();
         assert_eq!(
             got,
             [

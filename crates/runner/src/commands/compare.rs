@@ -600,6 +600,7 @@ mod tests {
             pfn: None,
             stack: vec![],
             line: String::new(),
+            repeats: vec![],
         }
     }
 

@@ -373,7 +373,7 @@ fn failed_allocations(run: &Run) -> Vec<Value> {
     let mut groups: BTreeMap<(u32, String, String, String), u64> = BTreeMap::new();
     for f in run.failed() {
         let site = fraglab_probe::stack::call_site(&f.stack).map(|s| s.to_string()).unwrap_or_default();
-        *groups.entry((f.order, f.gfp_flags.join("|"), f.comm.clone(), site)).or_default() += 1;
+        *groups.entry((f.order, f.gfp_flags.join("|"), f.comm.clone(), site)).or_default() += f.count();
     }
     groups
         .into_iter()

@@ -116,7 +116,7 @@ pub fn cases(run: &Run) -> Vec<Case> {
         name: "verdict".into(),
         verdict: run.record.verdict,
         reason: run.record.reason.clone(),
-        measurement: run.failed().count() as f64,
+        measurement: run.failed().map(|f| f.count()).sum::<u64>() as f64,
         units: "failed_allocations",
     });
     cases
