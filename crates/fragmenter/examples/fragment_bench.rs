@@ -467,6 +467,7 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize, variant: Variant) -> Result
         } else {
             args.keep.max(mem_available()?.saturating_sub(args.max_take.min(4 * size).max(size)))
         },
+        reserve_for: None,
         floor: 2 * min_free,
         no_proactive_compaction: false,
         nr_orders,

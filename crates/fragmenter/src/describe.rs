@@ -313,8 +313,9 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
     lines.push((
         "reserve",
         format!(
-            "{} of MemAvailable never taken; below {} while holding, memory is given back",
+            "{} of MemAvailable never taken{}; below {} while holding, memory is given back",
             format_size(plan.reserve),
+            plan.reserve_for.as_ref().map_or(String::new(), |why| format!(" ({why})")),
             format_size(plan.floor)
         ),
     ));
@@ -464,6 +465,7 @@ mod tests {
             budget,
             pin: Pin::Mlock,
             reserve: 376 << 20,
+            reserve_for: None,
             floor: 132 << 20,
             no_proactive_compaction: false,
             nr_orders: 11,

@@ -39,6 +39,11 @@ pub struct Plan {
     pub pin: Pin,
     /// MemAvailable that populating never goes below.
     pub reserve: u64,
+    /// Why the reserve is what it is, when a run's workloads made it larger than the default (the
+    /// memory they can have the kernel hold in socket buffers), or when a reserve given is smaller
+    /// than that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve_for: Option<String>,
     /// While holding, MemAvailable below this makes fraglab give memory back before the OOM killer
     /// has to act.
     pub floor: u64,
@@ -338,6 +343,17 @@ impl Status {
         };
         Some(Fidelity::of(zones, measure, region_order, at_ns))
     }
+}
+
+/// What one look of the guard saw, and what it did.
+#[derive(Clone, Debug)]
+pub struct GuardLook {
+    /// MemAvailable at the look.
+    pub available: u64,
+    /// The floor it was held against.
+    pub floor: u64,
+    /// What it gave back, when MemAvailable was below the floor.
+    pub gave_back: Option<String>,
 }
 
 /// One give-back of the guard: MemAvailable fell below the floor, and memory went back to the
@@ -1071,13 +1087,15 @@ impl Fragmenter {
     }
 
     /// One step of the hold: if MemAvailable fell below the floor, give memory back — whole chunks,
-    /// until the reserve is available again — before the OOM killer has to act. Returns what it did.
-    pub fn guard(&mut self) -> Result<Option<String>> {
+    /// until the reserve is available again — before the OOM killer has to act. Returns what it saw
+    /// and did.
+    pub fn guard(&mut self) -> Result<GuardLook> {
         let avail = mem_available()?;
+        let look = |gave_back| GuardLook { available: avail, floor: self.plan.floor, gave_back };
         if avail >= self.plan.floor
             || (self.arena.pages() == 0 && self.fill.bytes() == 0 && self.keeper.added_bytes() == 0)
         {
-            return Ok(None);
+            return Ok(look(None));
         }
         // Enough for the reserve and the floor both, counted in memory really freed (a chunk after
         // the cut holds a fraction of its mapping): one pass answers the pressure.
@@ -1116,7 +1134,7 @@ impl Fragmenter {
         let lost = "memory pressure: memory given back to avoid the OOM killer";
         self.keeper.lost_to_pressure(lost);
         self.status.target_lost = Some(lost.into());
-        Ok(Some(what))
+        Ok(GuardLook { available: avail, floor: self.plan.floor, gave_back: Some(what) })
     }
 
     /// Unmap everything and restore every sysctl.

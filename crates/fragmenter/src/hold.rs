@@ -10,12 +10,49 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 
-use crate::fragment::Fragmenter;
+use crate::fragment::{Fragmenter, GuardLook};
 use crate::keeper::{lock, Timeline, KEEP_EVERY};
 
-/// How often the guard looks at MemAvailable; the same as `fraglab fragment`'s hold loop. The keeper
-/// looks more often ([`KEEP_EVERY`]), on the same thread.
+/// How often the guard looks at MemAvailable while it holds steady; the same as `fraglab
+/// fragment`'s hold loop. The keeper looks more often ([`KEEP_EVERY`]), on the same thread.
 pub const GUARD_EVERY: Duration = Duration::from_millis(200);
+
+/// How soon the guard looks again while MemAvailable falls: every keeper look. Socket buffers fill
+/// far faster than a steady 200 ms allows for (thirty loopback TCP streams in a 1 GiB guest).
+pub const GUARD_FALLING: Duration = KEEP_EVERY;
+
+/// A fall of MemAvailable between two looks that is more than churn: the per-CPU lists alone move
+/// it by a few hundred KiB.
+pub const FALLING_BY: u64 = 1 << 20;
+
+/// How long the guard keeps the fast pace after the last fall it saw.
+pub const FALLING_FOR: Duration = Duration::from_secs(1);
+
+/// When the guard looks next: at [`GUARD_EVERY`] while MemAvailable holds or rises, at
+/// [`GUARD_FALLING`] for [`FALLING_FOR`] after any look that saw it fall by more than
+/// [`FALLING_BY`], and whenever it is within twice the last fall of the floor.
+#[derive(Default)]
+pub struct GuardPace {
+    last: Option<u64>,
+    fast_until: Option<Instant>,
+}
+
+impl GuardPace {
+    /// The wait before the next look, given what the look at `now` saw.
+    pub fn next(&mut self, now: Instant, look: &GuardLook) -> Duration {
+        let fell =
+            self.last.replace(look.available).map_or(0, |before| before.saturating_sub(look.available));
+        if fell > FALLING_BY {
+            self.fast_until = Some(now + FALLING_FOR);
+        }
+        let near_floor = look.available.saturating_sub(look.floor) <= 2 * fell;
+        if near_floor || self.fast_until.is_some_and(|until| now < until) {
+            GUARD_FALLING
+        } else {
+            GUARD_EVERY
+        }
+    }
+}
 
 /// What a series of looks said. A failed look (a /proc file unreadable for a moment) must not end
 /// the guarding or keeping for the rest of the run: the first of a series is told, and the next
@@ -78,7 +115,8 @@ impl Guarded {
             .name("fraglab-guard".into())
             .spawn(move || {
                 let (mut keeping, mut guarding) = (Looks::default(), Looks::default());
-                let mut next_guard = Instant::now() + GUARD_EVERY;
+                let mut pace = GuardPace::default();
+                let mut next_guard = Instant::now();
                 loop {
                     let mut fragmenter;
                     let mut said = Vec::new();
@@ -99,9 +137,13 @@ impl Guarded {
                     }
                     // Asked looks come as often as workloads end (a run of quick triggers: more than
                     // every 10 ms), so the guard is checked after those too, or it could starve.
-                    if Instant::now() >= next_guard {
-                        next_guard = Instant::now() + GUARD_EVERY;
-                        said.extend(guarding.said(fragmenter.guard(), "the guard could not look at memory"));
+                    let now = Instant::now();
+                    if now >= next_guard {
+                        let look = fragmenter.guard();
+                        // A look that failed is tried again at the steady pace.
+                        next_guard = now + look.as_ref().map_or(GUARD_EVERY, |l| pace.next(now, l));
+                        let gave_back = look.map(|l| l.gave_back);
+                        said.extend(guarding.said(gave_back, "the guard could not look at memory"));
                     }
                     drop(fragmenter);
                     lock(&e).extend(said);
@@ -228,5 +270,42 @@ impl Drop for Guarded {
     /// of the instance lock, never by a detached thread racing the process's exit.
     fn drop(&mut self) {
         self.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn look(mib: u64) -> GuardLook {
+        GuardLook { available: mib << 20, floor: 8 << 20, gave_back: None }
+    }
+
+    /// Steady, then a fall: fast for a second after the last fall, steady again after that; near
+    /// the floor fast whatever the history.
+    #[test]
+    fn the_guard_looks_faster_while_memory_falls() {
+        let mut pace = GuardPace::default();
+        let t = Instant::now();
+        assert_eq!(pace.next(t, &look(64)), GUARD_EVERY);
+        assert_eq!(pace.next(t + GUARD_EVERY, &look(64)), GUARD_EVERY);
+        // Churn: under 1 MiB.
+        assert_eq!(
+            pace.next(t + 2 * GUARD_EVERY, &GuardLook { available: (64 << 20) - (900 << 10), ..look(0) }),
+            GUARD_EVERY
+        );
+        let at = t + 3 * GUARD_EVERY;
+        assert_eq!(pace.next(at, &look(40)), GUARD_FALLING);
+        // Held where it fell: still fast within the second, steady after it.
+        assert_eq!(pace.next(at + Duration::from_millis(500), &look(40)), GUARD_FALLING);
+        assert_eq!(pace.next(at + FALLING_FOR, &look(40)), GUARD_EVERY);
+        // Falls of 600 KiB (churn-sized) 1 MiB above the floor: fast — two more would cross it.
+        let near = |kib: u64| GuardLook { available: (8 << 20) + (kib << 10), ..look(0) };
+        let mut slow = GuardPace::default();
+        assert_eq!(slow.next(t, &near(2248)), GUARD_EVERY);
+        assert_eq!(slow.next(t + GUARD_EVERY, &near(1648)), GUARD_EVERY);
+        assert_eq!(slow.next(t + 2 * GUARD_EVERY, &near(1048)), GUARD_FALLING);
+        let mut fresh = GuardPace::default();
+        assert_eq!(fresh.next(t, &look(8)), GUARD_FALLING, "at the floor");
     }
 }

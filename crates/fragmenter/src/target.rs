@@ -29,6 +29,20 @@ pub enum Target {
     },
 }
 
+impl Target {
+    /// Bytes the target leaves free (in its blocks below the order, or its profiles' blocks).
+    pub fn free_bytes(&self) -> u64 {
+        let profile = crate::describe::profile_free_bytes;
+        match self {
+            Target::MaxFreeOrder { free_bytes, .. } => *free_bytes,
+            Target::Profile { free, .. } => profile(free),
+            Target::Zones { zones, .. } => {
+                zones.iter().map(|z| profile(&z.free)).fold(0, u64::saturating_add)
+            }
+        }
+    }
+}
+
 /// One zone's line of a [`Target::Zones`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ZoneProfile {

@@ -32,6 +32,7 @@ fn plan(target: Target, budget: u64, pin: Pin) -> Plan {
         budget: Some(budget),
         pin,
         reserve: default_reserve().unwrap(),
+        reserve_for: None,
         floor: 2 * min_free,
         no_proactive_compaction: false,
         nr_orders: BuddyInfo::read().unwrap().nr_orders(),

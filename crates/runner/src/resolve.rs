@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::cli::{FragmentArgs, PinArg};
 use fraglab_units::{format_size, parse_size};
+use fraglab_workload::room::Room;
 
 /// The fragmenter's target as written by a user: the `fraglab fragment` flags or a config's
 /// `[fragment]` table. Strings are kept as typed so errors can quote them.
@@ -103,7 +104,14 @@ impl Machine {
 
 /// Resolve a fragment spec against this machine. `key` renders a key for error messages: `--budget`
 /// on the command line, `[fragment] budget` in a config.
-pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) -> Result<Plan> {
+/// `room` is what a run's workloads can have the kernel hold beside the target: the default reserve
+/// grows by it.
+pub fn fragment(
+    spec: &FragmentSpec,
+    m: &Machine,
+    room: Option<&Room>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Plan> {
     let size = |name: &str, v: &Option<String>| -> Result<Option<u64>> {
         v.as_deref().map(|t| parse_size(t).map_err(|e| anyhow::anyhow!("{}: {e}", key(name)))).transpose()
     };
@@ -121,13 +129,14 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         );
     }
     let budget = size("budget", &spec.budget)?;
-    let reserve = size("reserve", &spec.reserve)?.unwrap_or(m.default_reserve);
-    if reserve < m.min_free {
+    let given = size("reserve", &spec.reserve)?;
+    let base = given.unwrap_or(m.default_reserve);
+    if base < m.min_free {
         bail!(
             "{} = {}: below vm.min_free_kbytes ({}); the kernel would start reclaiming and the OOM \
              killer could act — give at least {}",
             key("reserve"),
-            format_size(reserve),
+            format_size(base),
             format_size(m.min_free),
             format_size(m.min_free)
         );
@@ -149,23 +158,6 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         ),
         Some(f) => f,
     };
-    let takeable = m.mem_available.saturating_sub(reserve);
-    if let Some(b) = budget {
-        if b < (1 << 20) {
-            bail!("{} = {}: too small to shape; give at least 1MiB", key("budget"), format_size(b));
-        }
-        if b > takeable {
-            bail!(
-                "{} = {}: more than this machine can give (MemAvailable {} − reserve {} = {}); lower it",
-                key("budget"),
-                format_size(b),
-                format_size(m.mem_available),
-                format_size(reserve),
-                format_size(takeable)
-            );
-        }
-    }
-    let taken = budget.unwrap_or(takeable);
     let pin = match spec.pin.as_deref().unwrap_or("mlock") {
         "mlock" => Pin::Mlock,
         "none" => Pin::None,
@@ -176,7 +168,7 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
         .as_deref()
         .map(|l| parse_profile(l).map_err(|e| anyhow::anyhow!("{} {l:?}: {e}", key("profile"))))
         .transpose()?;
-    let given: Vec<&str> = [
+    let targets: Vec<&str> = [
         ("max_free_order", spec.max_free_order.is_some()),
         ("profile", spec.profile.is_some()),
         ("profile_file", spec.profile_file.is_some()),
@@ -184,20 +176,72 @@ pub fn fragment(spec: &FragmentSpec, m: &Machine, key: &dyn Fn(&str) -> String) 
     .into_iter()
     .filter_map(|(k, set)| set.then_some(k))
     .collect();
-    if given.len() > 1 {
-        let keys: Vec<String> = given.iter().map(|k| key(k)).collect();
+    if targets.len() > 1 {
+        let keys: Vec<String> = targets.iter().map(|k| key(k)).collect();
         let all = if keys.len() == 2 { "both" } else { "all" };
         bail!("{} {all} given: choose one target", keys.join(" and "));
     }
-    let (target, place) = match &spec.profile_file {
-        Some(path) => profile_file(spec, path, budget, m, key)?,
-        None => line_target(spec, line, size("free", &spec.free)?, (budget, reserve, taken), m, key)?,
+    // The target as it would be beside `reserve`; `reserve_for` says why the reserve is that.
+    let build = |reserve: u64, reserve_for: Option<&str>| -> Result<(Target, Place)> {
+        let takeable = m.mem_available.saturating_sub(reserve);
+        if let Some(b) = budget {
+            if b < (1 << 20) {
+                bail!("{} = {}: too small to shape; give at least 1MiB", key("budget"), format_size(b));
+            }
+            if b > takeable {
+                bail!(
+                    "{} = {}: more than this machine can give (MemAvailable {} − reserve {} = {}{}); lower it",
+                    key("budget"),
+                    format_size(b),
+                    format_size(m.mem_available),
+                    format_size(reserve),
+                    format_size(takeable),
+                    reserve_for.map_or(String::new(), |w| format!("; the reserve is {w}"))
+                );
+            }
+        }
+        let taken = budget.unwrap_or(takeable);
+        match &spec.profile_file {
+            Some(path) => profile_file(spec, path, budget, m, key),
+            None => {
+                line_target(spec, line.clone(), size("free", &spec.free)?, (budget, reserve, taken), m, key)
+            }
+        }
     };
+    let (mut target, mut place) = build(base, None)?;
+    // MemAvailable while the target is held is the reserve plus the target's free blocks: the
+    // workloads' buffers need more reserve only where the target leaves them less than that.
+    let (mut reserve, mut reserve_for) = (base, None);
+    if let Some(room) = room.filter(|r| r.bytes > target.free_bytes()) {
+        let short = format!(
+            "{} for what the workloads can hold in socket buffers, more than the target's {} free: {}",
+            format_size(room.bytes),
+            format_size(target.free_bytes()),
+            room.why
+        );
+        match given {
+            None => {
+                reserve = base + room.bytes;
+                let why = format!("the default {} and {short}", format_size(base));
+                (target, place) = build(reserve, Some(&why))?;
+                reserve_for = Some(why);
+            }
+            Some(r) if r < m.default_reserve + room.bytes => {
+                reserve_for = Some(format!(
+                    "as given, less than the default {} and {short}: if they fill them, the guard gives \
+                     memory back and the target is lost",
+                    format_size(m.default_reserve)
+                ));
+            }
+            Some(_) => {}
+        }
+    }
     Ok(Plan {
         target,
         budget,
         pin,
         reserve,
+        reserve_for,
         floor,
         no_proactive_compaction: spec.no_proactive_compaction,
         nr_orders: m.nr_orders,

@@ -13,6 +13,7 @@ use crate::resolve::{self, Machine};
 use fraglab_results::point::{plain, Point};
 use fraglab_results::record::{PlanRecord, RunRecord, SweepAxis, WorkloadSpec};
 use fraglab_units::parse_duration;
+use fraglab_workload::room::{Limits, Room};
 use fraglab_workload::Kind;
 
 /// Everything `fraglab run` will do, validated.
@@ -77,13 +78,6 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
     if cfg.run.iterations == 0 {
         bail!("{}: must be at least 1", src.locate(&["run", "iterations"]));
     }
-    let fragment = match &cfg.fragment {
-        Some(spec) if spec.enabled => {
-            let spec = resolve::FragmentSpec { profile_file: profile_file_beside(src, spec), ..spec.clone() };
-            Some(resolve::fragment(&spec, m, &|k| src.locate(&["fragment", k]))?)
-        }
-        _ => None,
-    };
     let lost_tolerance = match cfg.fragment.as_ref().and_then(|f| f.lost_tolerance.as_deref()) {
         None => DEFAULT_LOST_TOLERANCE,
         Some(t) => parse_duration(t)
@@ -113,7 +107,8 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
         }
         set
     };
-    if cfg.workload.is_empty() && fragment.is_none() {
+    let fragmenting = cfg.fragment.as_ref().is_some_and(|f| f.enabled);
+    if cfg.workload.is_empty() && !fragmenting {
         bail!("{}: nothing to do: add a [[workload]] table or a [fragment] target", src.path.display());
     }
     let expect = Expect {
@@ -192,6 +187,16 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
         }
         points.push(SweepPoint { point, label, sysctls, workloads });
     }
+    // Checked once every workload and sweep point is: the room they need beside the target is part
+    // of the fragment plan's reserve.
+    let fragment = match &cfg.fragment {
+        Some(spec) if spec.enabled => {
+            let spec = resolve::FragmentSpec { profile_file: profile_file_beside(src, spec), ..spec.clone() };
+            let room = workload_room(&points)?;
+            Some(resolve::fragment(&spec, m, room.as_ref(), &|k| src.locate(&["fragment", k]))?)
+        }
+        _ => None,
+    };
     let record = PlanRecord {
         fragmenter: fragment.clone(),
         lost_tolerance_s: lost_tolerance.as_secs_f64(),
@@ -222,6 +227,25 @@ pub fn resolve(src: &Source, cfg: &Config, m: &Machine) -> Result<RunPlan> {
         expect,
         record,
     })
+}
+
+/// The most memory any one workload can have the kernel hold in socket buffers at any sweep point
+/// (a point's workloads run one after another), read with that point's sysctls in place — a sweep
+/// of `net.ipv4.tcp_mem` changes it.
+fn workload_room(points: &[SweepPoint]) -> Result<Option<Room>> {
+    let mut most: Option<Room> = None;
+    for p in points {
+        let limits = Limits::read(&p.sysctls);
+        for w in &p.workloads {
+            if let Some(room) = fraglab_workload::room(&w.kind, &limits)? {
+                if most.as_ref().is_none_or(|m| room.bytes > m.bytes) {
+                    let at = if p.label == "-" { String::new() } else { format!(" at {}", p.label) };
+                    most = Some(Room { why: format!("{}{at}: {}", w.kind_name, room.why), ..room });
+                }
+            }
+        }
+    }
+    Ok(most)
 }
 
 /// What run.json stores of a plan, from the config's tables and its workloads and sweep axes as

@@ -94,6 +94,94 @@ fn every_shipped_config_resolves() {
     );
 }
 
+/// The reserve leaves room for what the workloads can have the kernel hold in socket buffers —
+/// the most of any sweep point, read with that point's sysctls — where the target's own free
+/// blocks leave them less (MemAvailable while holding is the reserve plus those), so they neither
+/// eat the target nor get fraglab OOM-killed in a small guest. Shown in the plan; a budget that
+/// leaves less is refused, naming the workload and the point, with nothing taken.
+#[test]
+fn the_reserve_leaves_room_for_the_workloads_socket_buffers() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = scratch("room");
+    std::fs::create_dir_all(&dir).unwrap();
+    let tcp = |name: &str| -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}")).unwrap();
+        text.split_whitespace().nth(2).unwrap().parse().unwrap()
+    };
+    // A stream's send and receive buffers at their largest, and a 64 KiB segment, its skb and as
+    // much charged ahead past each (fraglab_workload::room's overshoot).
+    let per_conn = tcp("tcp_wmem") + tcp("tcp_rmem") + 2 * (136 << 10);
+    let default = fraglab_fragmenter::fragment::default_reserve().unwrap();
+    let config = |name: &str, fragment: &str, sweep: &str| -> PathBuf {
+        let path = dir.join(format!("{name}.toml"));
+        let text = format!(
+            "[run]\nname = \"{name}\"\n\n[fragment]\n{fragment}\n\n\
+             [[workload]]\nkind = \"tcp-stream\"\nduration = \"1s\"\n\n[sweep]\n{sweep}\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let dry = |path: &Path| {
+        let out = fraglab(&dir, &["run", path.to_str().unwrap(), "--dry-run"]);
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let size = fraglab_units::format_size;
+    // A reporter's zone with under a MiB free: the buffers need the reserve.
+    let sparse = "profile = \"Node 0, zone Normal 100 50 10 0 0 0 0 0 0 0 0\"";
+
+    // Whole machine: the default reserve and 3 streams' buffers, the most of the sweep.
+    let (code, out, err) = dry(&config("whole", sparse, "threads = [1, 3, 2]"));
+    assert_eq!(code, Some(0), "{err}");
+    let want = format!(
+        "reserve:  {} of MemAvailable never taken (the default {} and {} for what the workloads can hold \
+         in socket buffers, more than the target's 960.00 KiB free: tcp-stream at threads=3: 3 \
+         connection(s) × {} of socket buffers)",
+        size(default + 3 * per_conn),
+        size(default),
+        size(3 * per_conn),
+        size(per_conn)
+    );
+    assert!(out.contains(&want), "expected {want:?} in:\n{out}");
+    eprintln!("{want}");
+
+    // A target that leaves gigabytes free covers the buffers itself: the default reserve.
+    let (code, out, err) = dry(&config("roomy", "max_free_order = 4", "threads = [3]"));
+    assert_eq!(code, Some(0), "{err}");
+    let plain = format!("reserve:  {} of MemAvailable never taken; below", size(default));
+    assert!(out.contains(&plain), "expected {plain:?} in:\n{out}");
+
+    // A tcp_mem sweep value of a few pages: its point's room is the hard limit, the other's the
+    // buffers; the larger wins.
+    let sweep = "threads = [30]\nsysctl.\"net.ipv4.tcp_mem\" = [\"10 20 30\", \"100 200 40000\"]";
+    let (code, out, err) = dry(&config("capped", sparse, sweep));
+    assert_eq!(code, Some(0), "{err}");
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    let hard = (40000 * 4096 + cpus * (1 << 20)).min(30 * per_conn);
+    assert!(out.contains(&format!("and {} for what the workloads", size(hard))), "{hard}: {out}");
+    assert!(out.contains("sysctl.net.ipv4.tcp_mem=100 200 40000"), "{out}");
+
+    // A budget that fits beside the default reserve, not beside the buffers of enough streams to
+    // hold a GiB or so (or TCP's hard limit): half their room short.
+    let avail = fraglab_fragmenter::fragment::mem_available().unwrap();
+    let n = (1 << 30) / per_conn + 1;
+    let room = (n * per_conn).min(tcp("tcp_mem") * 4096);
+    let budget = (avail - default - room / 2) >> 20;
+    let path =
+        config("budget", &format!("{sparse}\nbudget = \"{budget}MiB\""), &format!("threads = [1, {n}]"));
+    let before = kernel_state();
+    let out = fraglab(&dir, &["run", path.to_str().unwrap(), "-o", dir.join("results").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(255), "{err}");
+    let at = format!("tcp-stream at threads={n}");
+    for want in ["[fragment] budget", "more than this machine can give", at.as_str(), "budget.toml"] {
+        assert!(err.contains(want), "expected {want:?} in: {err}");
+    }
+    assert!(!dir.join("results").exists() && !dir.join("lock").exists(), "a refused run left things behind");
+    assert_eq!(kernel_state(), before, "a refused run changed the kernel");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A sweep value the kernel refuses (`[1, "banana"]`) ends the run at that point, exit 255, but
 /// not its record: the point that ran is in workloads.json and the phases, the sysctl is put back
 /// and run.json and the summary say so, with the error.

@@ -9,7 +9,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use fraglab_probe::sock_diag::{self, Family, Proto, States};
 use fraglab_results::workload::WorkloadResult;
+use fraglab_workload::room::Limits;
 use fraglab_workload::tcp::{crr, crr_until, rr, rr_until, stream, stream_until, RrArgs, StreamArgs};
 use serde_json::Value;
 
@@ -249,6 +251,73 @@ fn in_own_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
         .join()
         .unwrap()
     })
+}
+
+/// The room a run leaves beside its target for tcp-stream (`fraglab_workload::room`, added to the
+/// reserve) covers what the kernel really charged to the streams' sockets while they ran: every
+/// socket's `r + w + f` (sock_diag, in a namespace of their own) summed and sampled as fast as a
+/// dump goes, its peak kept. Buffers small enough for the streams to fill them, and the kernel's
+/// own autotuning; a tcp_mem sweep value caps the room at its hard limit.
+#[test]
+fn the_room_for_tcp_streams_covers_what_their_sockets_were_charged() {
+    let limits = Limits::read(&[]);
+    let tcp = limits.tcp.clone().expect("this kernel has TCP sysctls");
+    let sysctl = |name: &str, i: usize| -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}")).unwrap();
+        text.split_whitespace().nth(i).unwrap().parse().unwrap()
+    };
+    let page = 4096;
+    assert_eq!(tcp.mem_max, sysctl("tcp_mem", 2) * page, "{tcp:?}");
+    assert_eq!((tcp.wmem_max, tcp.rmem_max), (sysctl("tcp_wmem", 2), sysctl("tcp_rmem", 2)), "{tcp:?}");
+    for (threads, buf, msg) in [(6, Some("16KiB"), "64KiB"), (3, Some("200KiB"), "16KiB"), (4, None, "16KiB")]
+    {
+        let a = StreamArgs {
+            threads,
+            duration: "3s".into(),
+            msg: msg.into(),
+            sndbuf: buf.map(Into::into),
+            rcvbuf: buf.map(Into::into),
+            ..Default::default()
+        };
+        let room = fraglab_workload::room(&fraglab_workload::Kind::TcpStream(a.clone()), &limits)
+            .unwrap()
+            .expect("tcp-stream has a room");
+        let (peak, r) = in_own_netns(|| {
+            let done = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                let stream = s.spawn(|| {
+                    let r = stream(&a);
+                    done.store(true, Ordering::Relaxed);
+                    r
+                });
+                let mut peak = 0i64;
+                while !done.load(Ordering::Relaxed) {
+                    let dump = sock_diag::read(Proto::Tcp, Family::V4, States::Full).unwrap();
+                    let held: i64 = dump.entries.iter().filter_map(|e| e.skmem).map(|m| m.held()).sum();
+                    peak = peak.max(held);
+                }
+                (peak, stream.join().unwrap().unwrap())
+            })
+        });
+        assert_clean(&r);
+        eprintln!(
+            "{threads} streams, buffers {buf:?}: peak {peak} bytes charged, room {} ({:.0} %)",
+            room,
+            100.0 * peak as f64 / room.bytes as f64
+        );
+        assert!(peak > 0, "no memory charged to the streams' sockets was seen");
+        assert!(
+            peak as u64 <= room.bytes,
+            "{threads} streams held {peak} bytes, more than their room {room}"
+        );
+    }
+    // A sweep point's tcp_mem, in pages, in place of the running one: its hard limit caps the room.
+    let capped = Limits::read(&[("net.ipv4.tcp_mem".into(), "10 20 30".into())]);
+    let room = fraglab_workload::room(&fraglab_workload::Kind::TcpStream(stream_args(30, "1s")), &capped)
+        .unwrap()
+        .unwrap();
+    assert_eq!(room.bytes, 30 * page + capped.cpus * (1 << 20), "{room}");
+    assert!(room.why.starts_with("net.ipv4.tcp_mem's hard limit 120.00 KiB"), "{room}");
 }
 
 /// `fraglab run`'s stop flag (raised by its SIGINT/SIGTERM/SIGHUP handler) ends a 60 s workload of each

@@ -11,6 +11,7 @@ extern crate fraglab_stdio;
 pub mod exec;
 mod net;
 mod opts;
+pub mod room;
 pub mod sctp;
 pub mod serve;
 mod signals;
@@ -63,6 +64,19 @@ pub fn validate(kind: &Kind) -> Result<()> {
         Kind::Trigger(t) => trigger::validate(t),
         Kind::Exec(a) => exec::validate(a),
     }
+}
+
+/// The memory a workload can have the kernel hold at once in socket buffers, by `limits`
+/// ([`room`]); `None` for the kinds no kernel limit bounds (SCTP association set-up, triggers,
+/// exec). The options must have passed [`validate`].
+pub fn room(kind: &Kind, limits: &room::Limits) -> Result<Option<room::Room>> {
+    Ok(match kind {
+        Kind::SctpStream(a) => sctp::StreamPlan::resolve(a)?.room(limits),
+        Kind::SctpRr(a) => sctp::RrPlan::resolve(a)?.room(limits),
+        Kind::TcpStream(a) => tcp::StreamPlan::resolve(a)?.room(limits),
+        Kind::TcpRr(a) | Kind::TcpCrr(a) => tcp::RrPlan::resolve(a)?.room(limits),
+        Kind::SctpConnect(_) | Kind::Trigger(_) | Kind::Exec(_) => None,
+    })
 }
 
 /// Run one workload of any kind: what `fraglab run` calls for each `[[workload]]`.

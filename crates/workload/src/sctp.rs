@@ -31,6 +31,7 @@ use crate::net::{
     RECV_BUF, WORKER_STACK,
 };
 use crate::opts::{self, opt_size_text, size_text, Wording};
+use crate::room::{self, Conns, Limits, Room};
 use fraglab_probe::sock_diag::Proto;
 use fraglab_results::workload::{wall_now, ErrnoCount, Errors, WorkloadResult};
 
@@ -421,6 +422,15 @@ impl StreamPlan {
     }
 }
 
+impl StreamPlan {
+    /// The room its associations' buffers can take.
+    pub(crate) fn room(&self, limits: &Limits) -> Option<Room> {
+        let c = &self.common;
+        let conns = Conns { n: self.threads, both_ends: c.peer.is_none(), bufs: c.bufs, in_flight: None };
+        Some(room::sockets(limits.sctp.as_ref()?, limits, &conns))
+    }
+}
+
 pub(crate) struct RrPlan {
     clients: usize,
     duration: Duration,
@@ -430,6 +440,13 @@ pub(crate) struct RrPlan {
 }
 
 impl RrPlan {
+    /// The room its transactions can take: one request and one response in flight a client.
+    pub(crate) fn room(&self, limits: &Limits) -> Option<Room> {
+        let (c, in_flight) = (&self.common, Some((self.req + self.resp) as u64));
+        let conns = Conns { n: self.clients, both_ends: c.peer.is_none(), bufs: c.bufs, in_flight };
+        Some(room::sockets(limits.sctp.as_ref()?, limits, &conns))
+    }
+
     pub(crate) fn resolve(a: &RrArgs) -> Result<RrPlan> {
         Ok(RrPlan {
             clients: opts::count(SCTP, "--clients", a.clients, MAX_WORKERS)?,

@@ -44,6 +44,7 @@ use crate::net::{
     RECV_BUF, WORKER_STACK,
 };
 use crate::opts::{self, opt_size_text, size_text, Wording};
+use crate::room::{self, Conns, Limits, Room};
 use fraglab_probe::sock_diag::Proto;
 use fraglab_results::workload::{latency_histogram, wall_now, Cpu, ErrnoCount, Latency, WorkloadResult};
 use fraglab_units::format_size;
@@ -199,7 +200,23 @@ impl StreamPlan {
     }
 }
 
+impl StreamPlan {
+    /// The room its connections' buffers can take.
+    pub(crate) fn room(&self, limits: &Limits) -> Option<Room> {
+        let conns =
+            Conns { n: self.threads, both_ends: self.peer.is_none(), bufs: self.bufs, in_flight: None };
+        Some(room::sockets(limits.tcp.as_ref()?, limits, &conns))
+    }
+}
+
 impl RrPlan {
+    /// The room its transactions can take: one request and one response in flight a client.
+    pub(crate) fn room(&self, limits: &Limits) -> Option<Room> {
+        let in_flight = Some((self.req + self.resp) as u64);
+        let conns = Conns { n: self.clients, both_ends: self.peer.is_none(), bufs: self.bufs, in_flight };
+        Some(room::sockets(limits.tcp.as_ref()?, limits, &conns))
+    }
+
     pub(crate) fn resolve(a: &RrArgs) -> Result<RrPlan> {
         Ok(RrPlan {
             clients: opts::count(TCP, "--clients", a.clients as u64, MAX_WORKERS)?,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use fraglab_fragmenter::control::{self, NotHolding, Request};
 use fraglab_fragmenter::fragment::{Fragmenter, Progress, Stopped};
-use fraglab_fragmenter::hold::{Looks, GUARD_EVERY};
+use fraglab_fragmenter::hold::{GuardPace, Looks};
 use fraglab_fragmenter::instance::Instance;
 use fraglab_fragmenter::keeper::KEEP_EVERY;
 use fraglab_fragmenter::sysctl::Journal;
@@ -89,8 +89,9 @@ impl Shaping {
 
 pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
     let machine = Machine::read()?;
-    let plan =
-        resolve::fragment(&FragmentSpec::from(&args), &machine, &|k| format!("--{}", k.replace('_', "-")))?;
+    let plan = resolve::fragment(&FragmentSpec::from(&args), &machine, None, &|k| {
+        format!("--{}", k.replace('_', "-"))
+    })?;
     if args.dry_run {
         print_plan(&plan, &machine, args.json)?;
         return Ok(Exit::Ok);
@@ -162,7 +163,7 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
     // The hold: answer the socket, keep the target, guard against memory pressure, stop on release
     // or a signal.
     let mut keeping = Looks::default();
-    let mut next_guard = Instant::now();
+    let (mut pace, mut next_guard) = (GuardPace::default(), Instant::now());
     while !stop.load(Ordering::Relaxed) {
         let release = control::serve_pending(&listener, |req| match req {
             Request::Status => {
@@ -193,9 +194,11 @@ pub fn run(args: FragmentArgs, run_dir: &Path) -> Result<Exit> {
         }
         // A guard that cannot look cannot keep the OOM killer away: the hold ends (and everything is
         // given back) rather than go on unguarded.
-        if Instant::now() >= next_guard {
-            next_guard = Instant::now() + GUARD_EVERY;
-            if let Some(line) = fragmenter.guard()? {
+        let now = Instant::now();
+        if now >= next_guard {
+            let look = fragmenter.guard()?;
+            next_guard = now + pace.next(now, &look);
+            if let Some(line) = look.gave_back {
                 errln!("fraglab: {line}");
             }
         }
