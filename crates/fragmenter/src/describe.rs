@@ -6,6 +6,7 @@ use crate::arena::PAGE_SIZE;
 use crate::fragment::{fill_time_bound, Progress};
 use crate::keeper::{Keep, Keeping, MIN_RING_ORDER};
 use crate::shape::{profile_pages, scale_profile};
+use crate::target::profile_free_bytes;
 use crate::{Pin, Plan, Target};
 
 use fraglab_units::{format_size, order_size};
@@ -149,11 +150,6 @@ pub fn fidelity(f: &crate::fidelity::Fidelity, when: &str) -> Vec<String> {
 
 pub fn counts(free: &[u64]) -> String {
     free.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ")
-}
-
-/// Bytes free in a profile's blocks.
-pub fn profile_free_bytes(free: &[u64]) -> u64 {
-    free.iter().enumerate().map(|(o, &n)| n.saturating_mul(PAGE << o)).fold(0, u64::saturating_add)
 }
 
 /// MemAvailable − reserve: what a whole-machine fragmenter takes, as of `mem_available`.

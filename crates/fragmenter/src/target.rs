@@ -3,6 +3,8 @@
 use fraglab_probe::kmsg::{split_log_line, strip_mail_quote};
 use serde::{Deserialize, Serialize};
 
+use crate::arena::PAGE_SIZE;
+
 /// The shape free memory should have once the fragmenter is done.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
@@ -32,15 +34,20 @@ pub enum Target {
 impl Target {
     /// Bytes the target leaves free (in its blocks below the order, or its profiles' blocks).
     pub fn free_bytes(&self) -> u64 {
-        let profile = crate::describe::profile_free_bytes;
         match self {
             Target::MaxFreeOrder { free_bytes, .. } => *free_bytes,
-            Target::Profile { free, .. } => profile(free),
+            Target::Profile { free, .. } => profile_free_bytes(free),
             Target::Zones { zones, .. } => {
-                zones.iter().map(|z| profile(&z.free)).fold(0, u64::saturating_add)
+                zones.iter().map(|z| profile_free_bytes(&z.free)).fold(0, u64::saturating_add)
             }
         }
     }
+}
+
+/// Bytes free in a profile's blocks.
+pub fn profile_free_bytes(free: &[u64]) -> u64 {
+    let page = PAGE_SIZE as u64;
+    free.iter().enumerate().map(|(o, &n)| n.saturating_mul(page << o)).fold(0, u64::saturating_add)
 }
 
 /// One zone's line of a [`Target::Zones`].
