@@ -278,9 +278,14 @@ fn a_saved_two_node_buddyinfo_is_one_target_in_a_guest_shaped_from_it() {
         mostly_intact(z, &format!("node {n}"), 70);
         assert!(at_or_above(&b5, *n, "DMA32", 4) <= TOLERANCE_PAGES, "node {n}: {b5:?}");
         let line = &b5.zone(*n, "DMA32").unwrap().free;
+        // The blocks counted intact are free in buddyinfo, within the fidelity tolerance (± 10 %
+        // and 16 blocks): a block counts as intact while its first page is free, which it still
+        // is, at a lower order, when the kernel takes its other half; and b5 is read a moment
+        // before the status's count (a CI run: 1229 order-1 blocks free for 1238 intact).
         let intact = numbers(&z["intact"]);
         for o in 1..4 {
-            assert!(line[o] >= intact[o], "node {n} order {o}: {line:?} for {intact:?} intact");
+            let slack = intact[o] / 10 + 16;
+            assert!(line[o] + slack >= intact[o], "node {n} order {o}: {line:?} for {intact:?} intact");
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
