@@ -473,6 +473,7 @@ fn fraglab(size: u64, args: &Args, nr_orders: usize, variant: Variant) -> Result
         nr_orders,
         keep: variant != Variant::WholeFill,
         place: Default::default(),
+        page_reporting: fraglab_probe::page_reporting::PageReporting::read().unwrap(),
     };
     let mut run = Run::new(variant, size, buddy()?);
     // fraglab has shrunk the per-CPU lists by the time it has populated; this is the count before.

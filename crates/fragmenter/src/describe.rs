@@ -467,6 +467,7 @@ mod tests {
             nr_orders: 11,
             keep: true,
             place: Default::default(),
+            page_reporting: None,
         }
     }
 

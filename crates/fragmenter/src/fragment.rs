@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use fraglab_probe::buddyinfo::BuddyInfo;
+use fraglab_probe::page_reporting::PageReporting;
 use fraglab_probe::pagetypeinfo::PageTypeInfo;
 use fraglab_probe::zoneinfo::ZoneInfo;
 use procfs::Current;
@@ -58,6 +59,10 @@ pub struct Plan {
     /// Where the memory must come from: a NUMA node, a zone.
     #[serde(default)]
     pub place: Place,
+    /// Free page reporting on this machine: MemAvailable dips while it holds blocks off the free
+    /// lists, and the hold must stay clear of the floor by that much.
+    #[serde(default)]
+    pub page_reporting: Option<PageReporting>,
 }
 
 /// Where a plan's memory must come from (`--node`, a profile's `Node 1, zone Normal`), resolved
@@ -507,7 +512,7 @@ fn next_chunk(
     if avail < keep + step + in_flight {
         // The reserve is not ours to take; shape what we have.
         return Ok(Next::Enough(format!(
-            "stopped at {}: MemAvailable {} leaves no {} step above the reserve {}",
+            "stopped at {}: MemAvailable {} leaves no {} step above {} (what the hold leaves the machine)",
             mib(taken),
             mib(avail),
             mib(step),
@@ -657,6 +662,7 @@ impl Fragmenter {
         };
         drop(pool);
         bounds.push(format!("populate: {populated}"));
+        bounds.extend(reporting_bound(&plan));
         let buddyinfo_populated = BuddyInfo::read()?;
 
         progress(Progress::Cutting);
@@ -1504,21 +1510,47 @@ pub fn leftover_where(b: &BuddyInfo, zoneinfo: &ZoneInfo, k: usize) -> String {
 /// The smallest step of the whole-machine pipe fill.
 pub const FILL_STEP: u64 = 16 << 20;
 
-/// MemAvailable seen to move by this much between two reads here with nothing held changing (44 MiB
-/// measured on the 24 GiB VM): what the pipe fill leaves above a floor set above the reserve, so the
-/// guard is not set off by noise the moment the hold begins.
-const FLOOR_MARGIN: u64 = 128 << 20;
+/// MemAvailable seen to move by this much between two reads here with nothing held changing and
+/// no free page reporting under way (44 MiB measured on the 24 GiB VM): what the pipe fill leaves
+/// above a floor set above the reserve, so the guard is not set off by noise the moment the hold
+/// begins. (It was 128 MiB until the falls of 64 and 128 MiB seen here were traced to free page
+/// reporting, which [`reporting_margin`] now counts on its own: a CI run had the hold begin 3 MiB
+/// above the floor, 125 MiB below where the rings stopped, and the guard gave the target up.)
+const FLOOR_NOISE: u64 = 64 << 20;
+
+/// What free page reporting can hold off the free lists at once, in bytes (0 without it): the
+/// most MemAvailable can fall for a moment with nothing allocated.
+fn reporting_margin(plan: &Plan) -> u64 {
+    plan.page_reporting.as_ref().map_or(0, |r| r.isolated_pages_at_most(plan.nr_orders) * PAGE_SIZE as u64)
+}
 
 /// The MemAvailable that populating and the whole-machine pipe fill never take: the reserve, or,
-/// when `--floor` was set at or above the reserve, a margin above the floor. (Applied to the default
-/// floor too, the margin outweighed a small guest's reserve and left 100 MiB of a 1 GiB guest
-/// unshaped: pipe-highorder then found an order-9 block.)
+/// when `--floor` was set at or above the reserve, a margin above the floor; and with free page
+/// reporting, never less than what a report takes above the floor. (Applied to the default floor,
+/// the noise margin outweighed a small guest's reserve and left 100 MiB of a 1 GiB guest unshaped:
+/// pipe-highorder then found an order-9 block. Guests fraglab boots have no balloon.)
 fn fill_keeps(plan: &Plan) -> u64 {
     if plan.floor >= plan.reserve {
-        plan.floor + FLOOR_MARGIN
+        plan.floor + FLOOR_NOISE + reporting_margin(plan)
     } else {
-        plan.reserve
+        plan.reserve.max(plan.floor + reporting_margin(plan))
     }
+}
+
+/// Why the hold leaves the machine what it does, when free page reporting has a say in it.
+fn reporting_bound(plan: &Plan) -> Option<String> {
+    let r = plan.page_reporting.as_ref()?;
+    Some(format!(
+        "{}: the hold leaves MemAvailable {} above the floor {} ({} for the {} blocks of order {} a report \
+         takes off the free lists at once{})",
+        r.describe(),
+        mib(fill_keeps(plan) - plan.floor),
+        mib(plan.floor),
+        mib(reporting_margin(plan)),
+        fraglab_probe::page_reporting::PAGE_REPORTING_CAPACITY,
+        plan.nr_orders - 1,
+        if plan.floor >= plan.reserve { format!(", {} for noise", mib(FLOOR_NOISE)) } else { String::new() }
+    ))
 }
 
 /// How long the pipe fill may go on when it may take up to `most` bytes: 60 s, and 2 s more a GiB
@@ -1588,7 +1620,7 @@ fn fill_leftovers(
         if avail < keep + 2 * FILL_STEP {
             let why = format!(
                 "{} still free at order ≥ {k}: MemAvailable {} leaves no {} step (and as much margin) above \
-                 the reserve {}",
+                 {} (what the hold leaves the machine)",
                 mib(left_bytes),
                 mib(avail),
                 mib(FILL_STEP),

@@ -38,6 +38,7 @@ fn plan(target: Target, budget: u64, pin: Pin) -> Plan {
         nr_orders: BuddyInfo::read().unwrap().nr_orders(),
         keep: true,
         place: Default::default(),
+        page_reporting: fraglab_probe::page_reporting::PageReporting::read().unwrap(),
     }
 }
 

@@ -10,6 +10,7 @@ pub mod extfrag;
 pub mod fallback;
 pub mod kmsg;
 pub mod meminfo;
+pub mod page_reporting;
 pub mod pagetypeinfo;
 pub mod slabinfo;
 pub mod snapshot;

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::buddyinfo::BuddyInfo;
 use crate::extfrag::{self, ZoneIndices};
 use crate::meminfo::FreeTable;
+use crate::page_reporting::PageReporting;
 use crate::pagetypeinfo::PageTypeInfo;
 use crate::slabinfo::SlabInfo;
 use crate::sockstat::SockStat;
@@ -101,6 +102,10 @@ pub struct Snapshot {
     pub monotonic_ns: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub buddyinfo: Option<BuddyInfo>,
+    /// Free page reporting, read with buddyinfo: while it is on, blocks of its order and above
+    /// leave the free lists for a moment to be reported, and buddyinfo and MemFree dip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_reporting: Option<PageReporting>,
     /// Unusable free space and fragmentation indices per zone and order, from `buddyinfo`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub indices: Option<Vec<ZoneIndices>>,
@@ -130,6 +135,7 @@ impl Snapshot {
                     let b = BuddyInfo::read()?;
                     s.indices = Some(extfrag::indices(&b));
                     s.buddyinfo = Some(b);
+                    s.page_reporting = PageReporting::read()?;
                 }
                 Monitor::Pagetypeinfo => s.pagetypeinfo = Some(PageTypeInfo::read()?),
                 Monitor::Meminfo => s.free = Some(FreeTable::read()?),

@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use fraglab_fragmenter::fragment::{self, max_freeable, Bind, Pin, Place, Plan, ZoneSpan};
 use fraglab_fragmenter::target::{parse_profile, ProfileLine, Target, DMA_NOT_SHAPED};
 use fraglab_probe::buddyinfo::BuddyInfo;
+use fraglab_probe::page_reporting::PageReporting;
 use fraglab_probe::zoneinfo::ZoneInfo;
 use serde::Deserialize;
 
@@ -85,6 +86,9 @@ pub struct Machine {
     pub page_size: u64,
     /// Nodes and zones: where a target can be placed.
     pub zoneinfo: ZoneInfo,
+    /// A balloon taking free blocks off the free lists to report them: the hold keeps clear of
+    /// the floor by as much as that can take at once.
+    pub page_reporting: Option<PageReporting>,
 }
 
 impl Machine {
@@ -98,6 +102,7 @@ impl Machine {
             root: nix::unistd::geteuid().is_root(),
             page_size: procfs::page_size(),
             zoneinfo: ZoneInfo::read()?,
+            page_reporting: PageReporting::read()?,
         })
     }
 }
@@ -247,6 +252,7 @@ pub fn fragment(
         nr_orders: m.nr_orders,
         keep: spec.keep,
         place,
+        page_reporting: m.page_reporting.clone(),
     })
 }
 

@@ -142,6 +142,19 @@ pub fn human(s: &Snapshot) -> String {
                 format!("{:<22}{cells}{:>12}", z.label(), format_size(z.free_pages() * procfs::page_size())),
             );
         }
+        if let Some(r) = &s.page_reporting {
+            line(
+                &mut o,
+                format!(
+                    "{}: up to {} blocks at a time leave the free lists to be reported to the host, so \
+                     the counts from order {} up and MemFree dip for a moment (up to {})",
+                    r.describe(),
+                    fraglab_probe::page_reporting::PAGE_REPORTING_CAPACITY,
+                    r.order,
+                    format_size(r.isolated_pages_at_most(n) * procfs::page_size())
+                ),
+            );
+        }
     }
     if let Some(zi) = &s.zoneinfo {
         o.push_str(&watermarks(zi));
