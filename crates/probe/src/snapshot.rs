@@ -135,7 +135,7 @@ impl Snapshot {
                     let b = BuddyInfo::read()?;
                     s.indices = Some(extfrag::indices(&b));
                     s.buddyinfo = Some(b);
-                    s.page_reporting = PageReporting::read()?;
+                    s.page_reporting = page_reporting()?;
                 }
                 Monitor::Pagetypeinfo => s.pagetypeinfo = Some(PageTypeInfo::read()?),
                 Monitor::Meminfo => s.free = Some(FreeTable::read()?),
@@ -182,6 +182,17 @@ impl Sampler {
         let elapsed = (snapshot.monotonic_ns - *t0) as f64 / 1e9;
         Ok(Sample { snapshot, elapsed, vmstat_delta })
     }
+}
+
+/// Free page reporting, read once a process: a balloon's features are negotiated when its driver
+/// binds, and a sampler at 10 ms should not walk sysfs every time.
+fn page_reporting() -> Result<Option<PageReporting>> {
+    static READ: std::sync::OnceLock<Option<PageReporting>> = std::sync::OnceLock::new();
+    if let Some(r) = READ.get() {
+        return Ok(r.clone());
+    }
+    let r = PageReporting::read()?;
+    Ok(READ.get_or_init(|| r).clone())
 }
 
 fn wall_now() -> String {
