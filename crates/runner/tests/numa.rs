@@ -94,11 +94,17 @@ fn fidelity_agrees(status: &serde_json::Value, at: &str) -> serde_json::Value {
 }
 
 fn mostly_intact(zone: &serde_json::Value, at: &str, percent: u64) {
+    mostly_intact_above_order_0(zone, at, percent);
+    let (planned, intact) = (numbers(&zone["planned"]), numbers(&zone["intact"]));
+    assert!(intact[0] * 2 >= planned[0], "{at}: order 0: {zone}");
+}
+
+/// [`mostly_intact`] for orders 1 and up only.
+fn mostly_intact_above_order_0(zone: &serde_json::Value, at: &str, percent: u64) {
     let (planned, intact) = (numbers(&zone["planned"]), numbers(&zone["intact"]));
     for (o, (p, i)) in planned.iter().zip(&intact).enumerate().skip(1) {
         assert!((i + 3) * 100 >= p * percent, "{at}: order {o}: {i} of {p} planned blocks intact: {zone}");
     }
-    assert!(intact[0] * 2 >= planned[0], "{at}: order 0: {zone}");
 }
 
 #[test]
@@ -275,7 +281,15 @@ fn a_saved_two_node_buddyinfo_is_one_target_in_a_guest_shaped_from_it() {
         // The trade is inside the target's zones here (every zone in play is one), and the
         // kernel's own allocations around the re-breaking took whole regions of the cut's blocks
         // in one run: 77 % of node 0's left (docs/fragmenter.md, known limits).
-        mostly_intact(z, &format!("node {n}"), 70);
+        mostly_intact_above_order_0(z, &format!("node {n}"), 70);
+        // Order 0 as the hold began, from the daemon's own read: by the status read a second
+        // later node 0 (the guest's CPU's node) had 716, 20 and ~1300 of its 1448 planned order-0
+        // blocks left in three runs of 2026-12-07 — any order-0 allocation there (the status
+        // command itself, most likely) takes the smallest blocks first.
+        let at_hold = &f["fidelity_at_hold"]["zones"][*n as usize];
+        assert_eq!(at_hold["zone"], z["zone"], "node {n}: {at_hold}");
+        let achieved = numbers(&at_hold["achieved"]);
+        assert!(achieved[0] * 2 >= planned[0], "node {n}: order 0 when the hold began: {at_hold}");
         assert!(at_or_above(&b5, *n, "DMA32", 4) <= TOLERANCE_PAGES, "node {n}: {b5:?}");
         let line = &b5.zone(*n, "DMA32").unwrap().free;
         // The blocks counted intact are free in buddyinfo, within the fidelity tolerance (± 10 %
@@ -415,13 +429,17 @@ fn a_lower_zone_profile_is_a_whole_machine_target_reproduced_exactly() {
         .collect();
     if !formed.is_empty() {
         let later = guest_status(&results, "later");
+        // A loss already open when the hold began (a re-break paused at the memory the hold
+        // leaves the machine, as CI once saw) adds no loss but runs on: its time grows.
         let acted = |k: &serde_json::Value| {
             k["rebroken"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).sum::<u64>()
                 + k["refused"].as_u64().unwrap()
                 + k["losses"].as_u64().unwrap()
         };
+        let lost_ns = |k: &serde_json::Value| k["lost_ns"].as_u64().unwrap();
         assert!(
-            acted(&later["keeping"]) > acted(&begun["keeping"]),
+            acted(&later["keeping"]) > acted(&begun["keeping"])
+                || lost_ns(&later["keeping"]) > lost_ns(&begun["keeping"]),
             "formed after the hold began and the keeper neither re-broke nor recorded them: {formed:?}; \
              begun {}, later {}",
             begun["keeping"],
