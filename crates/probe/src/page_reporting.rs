@@ -6,7 +6,7 @@
 //! answers. For that moment the blocks are missing from `/proc/buddyinfo` and MemFree, and
 //! MemAvailable dips by up to 32 top-order blocks (128 MiB on x86-64). Measured on the development
 //! VM (virtio-balloon, order 9) after freeing 3 GiB: MemAvailable fell 64 MiB, then 128 MiB, for
-//! about 0.3 s, every 3 s or so, until every freshly freed block had been reported once.
+//! about 0.3 s, every 2 s or so, until every freshly freed block had been reported once.
 //!
 //! Only virtio-balloon is recognised (`VIRTIO_BALLOON_F_REPORTING` among the features the driver
 //! negotiated). Hyper-V's hv_balloon also reports free pages on some hosts, but nothing in sysfs

@@ -57,9 +57,6 @@ fn bounds(status: &serde_json::Value) -> String {
     status["bounds"].as_array().unwrap().iter().map(|b| b.as_str().unwrap()).collect::<Vec<_>>().join("\n")
 }
 
-/// At least `percent` of the planned blocks of each order are still free (give or take 3 blocks,
-/// for orders with few), and half of order 0's (order-0 allocations are served from the smallest
-/// blocks: docs/fragmenter.md, known limits).
 /// A whole-machine profile's fidelity in a status answer agrees with the status itself: one entry
 /// per target zone, the profile as cut (planned + missing) for target, the zone's line of this
 /// refresh's buddyinfo for achieved, ± 10 % and 16 blocks, within exactly when every order is.
@@ -93,6 +90,9 @@ fn fidelity_agrees(status: &serde_json::Value, at: &str) -> serde_json::Value {
     f
 }
 
+/// At least `percent` of the planned blocks of each order are still free (give or take 3 blocks,
+/// for orders with few), and half of order 0's (order-0 allocations are served from the smallest
+/// blocks: docs/fragmenter.md, known limits).
 fn mostly_intact(zone: &serde_json::Value, at: &str, percent: u64) {
     mostly_intact_above_order_0(zone, at, percent);
     let (planned, intact) = (numbers(&zone["planned"]), numbers(&zone["intact"]));
