@@ -181,10 +181,16 @@ fn node_bound_budgets_a_placed_run_and_the_whole_machine_in_a_two_node_guest() {
     mostly_intact(z, "node 1 profile", 90);
     let b1 = buddy(&results, "b1");
     let big = |b: &BuddyInfo, n| at_or_above(b, n, "DMA32", 9);
-    assert!(big(&b1, 0) + TOLERANCE_PAGES >= big(&b0, 0), "node 0 kept its blocks: {b0:?} → {b1:?}");
+    let held = |s: &serde_json::Value| s["held_bytes"].as_u64().unwrap() / 4096;
+    // The cut's regions (kept and freed pages) came out of large blocks. Had the bind failed, most of
+    // them would have come out of the other node's; less than half is that node's own churn: the
+    // pcp drain the hold's sysctl causes, and the kernel's allocations for the daemon on the CPU's
+    // node broke an order 10 and an order 9 of node 0 in CI (1536 pages, with 2685 held of 8192).
+    let regions = |s: &serde_json::Value| held(s) + s["freed_bytes"].as_u64().unwrap() / 4096;
+    assert!(regions(&n1) > 4000, "{n1}");
+    assert!(big(&b1, 0) + regions(&n1) / 2 >= big(&b0, 0), "node 0 kept its blocks: {b0:?} → {b1:?}");
     // What the hold keeps (the profile's regions; the rest of the budget went back) came out of node
     // 1's large blocks.
-    let held = |s: &serde_json::Value| s["held_bytes"].as_u64().unwrap() / 4096;
     assert!(held(&n1) > 1000, "{}", n1["held_bytes"]);
     assert!(big(&b1, 1) + held(&n1) * 9 / 10 <= big(&b0, 1), "node 1 gave the memory: {b0:?} → {b1:?}");
     let line = b1.zone(1, "DMA32").unwrap();
@@ -196,7 +202,7 @@ fn node_bound_budgets_a_placed_run_and_the_whole_machine_in_a_two_node_guest() {
     let n0 = guest_status(&results, "n0");
     assert!(bounds(&n0).contains(" pages on node 0"), "{}", bounds(&n0));
     let (b2, b3) = (buddy(&results, "b2"), buddy(&results, "b3"));
-    assert!(big(&b3, 1) + TOLERANCE_PAGES >= big(&b2, 1), "node 1 kept its blocks: {b2:?} → {b3:?}");
+    assert!(big(&b3, 1) + regions(&n0) / 2 >= big(&b2, 1), "node 1 kept its blocks: {b2:?} → {b3:?}");
     assert!(big(&b3, 0) + held(&n0) * 9 / 10 <= big(&b2, 0), "node 0 gave the memory: {b2:?} → {b3:?}");
     assert!(numbers(&n0["planned"])[..3].iter().all(|&n| n > 4000), "{}", n0["planned"]);
 
