@@ -1033,6 +1033,26 @@ impl Pending {
     }
 }
 
+/// The kernel release a `CPU: … Comm: …` line (or 2.6's `Pid: …, comm: …`) names: the word after
+/// the taint field (`Not tainted`, `Tainted: G        W  O`: flag letters) that begins with a digit,
+/// `4.14.158` in `CPU: 0 PID: 0 Comm: swapper/0 Not tainted 4.14.158 #0`. `None` for any other line,
+/// or one cut before the release.
+pub fn cpu_line_release(message: &str) -> Option<&str> {
+    cpu_line_comm(message)?;
+    let after =
+        [" Not tainted ", " Tainted: "].iter().filter_map(|w| message.find(w).map(|i| i + w.len())).min()?;
+    message[after..]
+        .split_whitespace()
+        .find(|w| w.starts_with(|c: char| c.is_ascii_digit()))
+        .filter(|w| w.contains('.'))
+}
+
+/// `2048 pages RAM`, which `show_mem()` prints at the end of a report's Mem-Info: the machine's
+/// memory in pages (its page size is the free-area lines' first block size).
+pub fn pages_ram(message: &str) -> Option<u64> {
+    message.trim().strip_suffix(" pages RAM")?.trim().parse().ok()
+}
+
 /// `CPU: 4 PID: 1221 Comm: kswapd0 Not tainted …` (or 2.6's `Pid: 1221, comm: kswapd0 …`): the
 /// task the report is about, as the kernel itself names it.
 fn cpu_line_comm(message: &str) -> Option<&str> {

@@ -52,6 +52,11 @@ pub enum Command {
     Serve(fraglab_workload::serve::ServeCommand),
     /// Boot a kernel under test in qemu and run a fraglab command inside it.
     Vm(VmArgs),
+    /// From a pasted bug report to a verdict: read its failure, Mem-Info and kernel, choose a workload
+    /// that reaches the allocation (same call site or same-order proxy), write the scenario as a
+    /// config, run it in a guest shaped like the reporter's machine (exit 0 not reproduced, 1
+    /// reproduced, 125 could not test).
+    Repro(ReproArgs),
     /// Read a saved dmesg / syslog / journal: allocation failures by order, mode, command and call
     /// site, OOM kills, and each Mem-Info free-area or buddyinfo line as a ready `fraglab fragment
     /// --profile` target.
@@ -511,4 +516,32 @@ pub struct ScanArgs {
     /// Print the findings as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReproArgs {
+    /// The bug report: a saved kernel log (any form `fraglab scan` reads), or a mail or issue quoting
+    /// one, from the `page allocation failure` line to the end of its Mem-Info.
+    #[arg(value_name = "REPORT")]
+    pub report: PathBuf,
+    /// The kernel to test, as `fraglab vm --kernel` takes it.
+    #[arg(long, default_value = "debian-cloud", value_name = "PATH|debian-cloud[:ABI]")]
+    pub kernel: String,
+    /// The kernel's modules, as `fraglab vm --modules` takes them.
+    #[arg(long, value_name = "DIR")]
+    pub modules: Option<PathBuf>,
+    /// Boot the guest up to this many times, stopping at the first round that reproduces.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub rounds: u32,
+    /// Print the parsed report, the chosen path and why, the guest and the config; write nothing,
+    /// boot nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Where the config, its target file and each round's results go [default: repro-<REPORT's
+    /// name>].
+    #[arg(long, short, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Each round's guest timeout, as `fraglab vm --timeout`.
+    #[arg(long, default_value = "400s", value_name = "DURATION")]
+    pub timeout: String,
 }

@@ -12,6 +12,7 @@ pub mod exit;
 pub mod lava;
 pub mod pipeline;
 pub mod progress;
+pub mod repro;
 pub mod resolve;
 pub mod runplan;
 pub mod verdict;
@@ -67,6 +68,7 @@ pub fn main() -> ExitCode {
         cli::Command::Serve(args) => fraglab_workload::serve::serve(args).map(|()| Exit::Ok),
         cli::Command::Vm(args) => crate::vm::run(args),
         cli::Command::Scan(args) => commands::scan::run(args),
+        cli::Command::Repro(args) => repro::run(args),
         cli::Command::Report(args) => commands::report::run(args),
         cli::Command::Compare(args) => commands::compare::run(args),
         cli::Command::Completions(args) => commands::generate::completions(args),
