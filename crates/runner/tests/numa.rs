@@ -202,6 +202,7 @@ fn node_bound_budgets_a_placed_run_and_the_whole_machine_in_a_two_node_guest() {
     let n0 = guest_status(&results, "n0");
     assert!(bounds(&n0).contains(" pages on node 0"), "{}", bounds(&n0));
     let (b2, b3) = (buddy(&results, "b2"), buddy(&results, "b3"));
+    assert!(regions(&n0) > 4000, "{n0}");
     assert!(big(&b3, 1) + regions(&n0) / 2 >= big(&b2, 1), "node 1 kept its blocks: {b2:?} → {b3:?}");
     assert!(big(&b3, 0) + held(&n0) * 9 / 10 <= big(&b2, 0), "node 0 gave the memory: {b2:?} → {b3:?}");
     assert!(numbers(&n0["planned"])[..3].iter().all(|&n| n > 4000), "{}", n0["planned"]);

@@ -153,7 +153,7 @@ fn every_capture_through_stdin() {
     assert_eq!(j["by_order"]["1"], 7);
     assert_eq!(j["by_order"]["4"], 6);
     assert_eq!(j["by_order"]["5"], 6);
-    // 42 Mem-Info free areas and the mail's 6 buddyinfo lines.
+    // 48 Mem-Info free areas and the mail's 6 buddyinfo lines.
     assert_eq!(j["profiles"].as_array().unwrap().len(), 54);
     let callers: Vec<String> = j["by_caller"]
         .as_array()

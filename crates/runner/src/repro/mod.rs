@@ -88,7 +88,7 @@ pub fn run(args: ReproArgs) -> Result<Exit> {
         let exit = crate::vm::run(vm)?;
         let round = judge(&plan, &plan.output.join(format!("round-{n}")), exit);
         outln!("round {n}: {}", round.1);
-        let done = round.0 == Verdict::Reproduced;
+        let done = matches!(round.0, Verdict::Reproduced | Verdict::Interrupted);
         rounds.push(round);
         if done {
             break;
@@ -130,10 +130,42 @@ pub fn plan(args: &ReproArgs) -> Result<Plan> {
         }
     })?;
 
+    let cannot = |why: String| anyhow::Error::new(CannotTest(format!("{name}:{}: {why}", f.line)));
+    let gfp = f.gfp.as_ref().map_or(&[][..], |g| &g.flags[..]);
+    if gfp.iter().any(|g| g == "GFP_DMA") {
+        return Err(cannot(format!(
+            "the order-{} allocation was GFP_DMA: it could come from ZONE_DMA only, which fraglab never \
+             shapes (the kernel keeps it for DMA)",
+            f.order
+        )));
+    }
     // The target: the chosen failure's free areas, except DMA (the kernel keeps it for DMA).
     let zones: Vec<_> = f.zones.iter().filter(|(_, a)| a.zone.as_deref() != Some("DMA")).collect();
+    if let Some((line, a)) =
+        zones.iter().find(|(_, a)| !matches!(a.zone.as_deref(), Some("DMA32" | "Normal")))
+    {
+        return Err(cannot(format!(
+            "line {line}: zone {}: an x86-64 guest's zones are DMA, DMA32 and Normal",
+            a.zone.as_deref().unwrap_or("(none named)")
+        )));
+    }
+    if let Some((line, a)) =
+        zones.iter().find(|(_, a)| a.free.iter().skip(pages.max_order as usize + 1).any(|&n| n > 0))
+    {
+        return Err(cannot(format!(
+            "line {line}: free blocks of order {} and above: the guest's largest order is {}",
+            pages.max_order + 1,
+            a.free.len().min(pages.max_order as usize + 1) - 1
+        )));
+    }
     let target_lines: Vec<String> = zones.iter().map(|(_, a)| a.to_line()).collect();
     let mut target_notes = Vec::new();
+    if zones.is_empty() && !f.zones.is_empty() {
+        target_notes.push(
+            "the report's only free areas were DMA's, which the kernel keeps: the target is max free order"
+                .into(),
+        );
+    }
     for (line, a) in &zones {
         let at_or_above: u64 = a.free.iter().skip(f.order as usize).sum();
         if at_or_above > 0 {
@@ -145,11 +177,27 @@ pub fn plan(args: &ReproArgs) -> Result<Plan> {
             ));
         }
     }
+    // Built as printed, every zone would still hold blocks of the failed order: the allocation would
+    // find one, so a pass would say nothing about the kernel.
+    if !zones.is_empty() && target_notes.len() == zones.len() {
+        return Err(cannot(format!(
+            "every zone of the failure's Mem-Info still had free blocks of order ≥ {}: the reporter's \
+             allocation did not fail for want of a block ({}), so shaping memory like it cannot fail one",
+            f.order,
+            target_notes.iter().map(|n| n.split(':').next().unwrap_or("")).collect::<Vec<_>>().join(", ")
+        )));
+    }
     let (guest, guest_why) = guest(&report, &target_lines)?;
     let output = args.output.clone().unwrap_or_else(|| {
         let stem = args.report.file_stem().map_or("report".into(), |s| s.to_string_lossy().into_owned());
         PathBuf::from(format!("repro-{stem}"))
     });
+    if !args.dry_run && std::fs::read_dir(&output).is_ok_and(|mut d| d.next().is_some()) {
+        bail!(
+            "{}: exists and is not empty (an earlier repro's results?): give another -o DIR or remove it",
+            output.display()
+        );
+    }
     let config = config(&report, &route, &target_lines, &name);
     Ok(Plan { report, route, target_lines, target_notes, guest, guest_why, config, output })
 }
@@ -164,7 +212,7 @@ fn guest(report: &Report, target_lines: &[String]) -> Result<(Vec<String>, Strin
         |(line, p)| {
             format!(
                 "the report's machine had {} (line {line}: {p} pages RAM)",
-                fraglab_units::format_size(p * 4096)
+                fraglab_units::format_size(p.saturating_mul(f.page_kb().unwrap_or(4) << 10))
             )
         },
     );
@@ -193,6 +241,12 @@ fn guest(report: &Report, target_lines: &[String]) -> Result<(Vec<String>, Strin
         Err(e) => {
             let nodes = lines.iter().map(|l| l.node + 1).max().unwrap_or(1);
             let mib = (most.min(4 << 10) / 128) * 128;
+            if mib < 1024 {
+                bail!(CannotTest(format!(
+                    "{e}; and this host has {available} MiB available, too little for a scaled guest of 1 GiB \
+                     beside what it keeps for itself"
+                )));
+            }
             Ok((
                 vec!["--numa".into(), nodes.to_string(), "--mem".into(), format!("{mib}M")],
                 format!("SCALED: {e}; so {nodes} node(s) in {mib} MiB, each line scaled to its zone; {ram}"),
@@ -231,7 +285,7 @@ fn config(report: &Report, route: &Route, target_lines: &[String], name: &str) -
     let _ = writeln!(c, "[fragment]");
     if target_lines.is_empty() {
         let _ =
-            writeln!(c, "# The report printed no free areas: no free block of the failed order or above.");
+            writeln!(c, "# No free areas to build (none printed, or only DMA's): no free block of the failed order or above.");
         let _ = writeln!(c, "max_free_order = {}", f.order.max(1));
     } else {
         let lines: Vec<String> = f.zones.iter().map(|(l, _)| l.to_string()).collect();
@@ -410,7 +464,11 @@ fn describe(plan: &Plan, args: &ReproArgs) -> String {
     }
     let _ = writeln!(o, "target:");
     if plan.target_lines.is_empty() {
-        let _ = writeln!(o, "  no Mem-Info free areas in the report: max free order {}", f.order.max(1));
+        let _ = writeln!(
+            o,
+            "  no free areas to build (none printed, or only DMA's): max free order {}",
+            f.order.max(1)
+        );
     }
     for l in &plan.target_lines {
         let _ = writeln!(o, "  {l}");

@@ -112,20 +112,24 @@ pub fn read(bytes: &[u8], path: &Path) -> Result<Report> {
     for found in &scan.events {
         let KmsgEvent::AllocFailure(a) = &found.event else { continue };
         let (start, end) = (found.line, end_of(found.line));
-        let zones: Vec<(usize, FreeArea)> = scan
-            .events
-            .iter()
-            .filter(|f| f.line > start && f.line < end)
-            .filter_map(|f| match &f.event {
-                KmsgEvent::FreeArea(area) => Some((f.line, area.clone())),
-                _ => None,
-            })
-            .collect();
+        // show_mem() ends the report's Mem-Info with `N pages RAM`; what comes after it (a sysrq-m,
+        // a stall or vmalloc report the scanner does not count as a header) is not this failure's.
+        let ram_pages = (start + 1..end).find_map(|n| kmsg::pages_ram(&message(n)).map(|p| (n, p)));
+        let end = ram_pages.map_or(end, |(n, _)| n);
+        let zones = first_block(
+            scan.events
+                .iter()
+                .filter(|f| f.line > start && f.line < end)
+                .filter_map(|f| match &f.event {
+                    KmsgEvent::FreeArea(area) => Some((f.line, area.clone())),
+                    _ => None,
+                })
+                .collect(),
+        );
         let classified = classify(a.order, a.gfp_flags(), &a.stack);
         // The CPU line comes right after the header (a few lines on, when another CPU cut in).
         let release = (start + 1..end.min(start + 8))
             .find_map(|n| kmsg::cpu_line_release(&message(n)).map(String::from));
-        let ram_pages = (start + 1..end).find_map(|n| kmsg::pages_ram(&message(n)).map(|p| (n, p)));
         failures.push(Failure {
             line: found.line,
             order: a.order,
@@ -166,7 +170,29 @@ pub fn read(bytes: &[u8], path: &Path) -> Result<Report> {
             }
         }
     }
+    if let Some((line, _)) = f.zones.iter().find(|(_, a)| a.total_kb.is_none()) {
+        bail!(
+            "{name}:{line}: the Mem-Info free-area line of the failure on line {} is cut short (no `= \
+             <total>kB` at its end): paste the whole line",
+            f.line
+        );
+    }
     Ok(Report { file: name, lines: lines.len(), failures, chosen, why, warnings })
+}
+
+/// The first block of free-area lines: one zone a line, a line or two apart (a wrapped line joined
+/// by the scanner spans more); a zone seen again, or a gap, begins another block.
+fn first_block(areas: Vec<(usize, FreeArea)>) -> Vec<(usize, FreeArea)> {
+    let mut block: Vec<(usize, FreeArea)> = Vec::new();
+    for (line, a) in areas {
+        let again = block.iter().any(|(_, b)| b.node == a.node && b.zone == a.zone);
+        let gap = block.last().is_some_and(|(l, _)| line > l + 3);
+        if again || gap {
+            break;
+        }
+        block.push((line, a));
+    }
+    block
 }
 
 /// The failure to reproduce: one that surfaced (the caller got it: the bug) before one the kernel

@@ -124,7 +124,7 @@ pub const TABLE: &[Row] = &[
         workload: ip_msfilter,
     },
     Row {
-        functions: &["sock_kmalloc", "____sys_sendmsg", "___sys_sendmsg", "__sys_sendmsg"],
+        functions: &["____sys_sendmsg", "___sys_sendmsg"],
         path: "sendmsg control data: sock_kmalloc of msg_controllen",
         now_in: &["____sys_sendmsg", "___sys_sendmsg"],
         workload: udp_cmsg,
@@ -144,7 +144,7 @@ pub const TABLE: &[Row] = &[
         workload: hugetlb,
     },
     Row {
-        functions: &["io_mem_alloc", "io_allocate_scq_urings", "io_uring_create", "io_uring_setup"],
+        functions: &["io_mem_alloc", "io_pages_map", "io_allocate_scq_urings"],
         path: "io_uring_setup: the SQE array and the CQ ring, one block each",
         now_in: &["io_allocate_scq_urings", "io_uring_create"],
         workload: io_uring,
@@ -207,11 +207,13 @@ fn module_of(stack: &[String]) -> Option<String> {
     })
 }
 
-/// The row for a report's path, and the frame that matched it.
+/// The row for a report's path, and the frame that matched it: the call site or its caller must
+/// be one of the row's functions. Frames further out are entry points many paths share (every
+/// sendmsg passes ____sys_sendmsg, whatever it allocates).
 pub fn lookup(path: &[String]) -> Option<(&'static Row, String)> {
     let name = |f: &str| fraglab_probe::stack::function_name(f).unwrap_or(f).to_string();
     for row in TABLE {
-        if let Some(f) = path.iter().map(|f| name(f)).find(|f| row.functions.contains(&f.as_str())) {
+        if let Some(f) = path.iter().take(2).map(|f| name(f)).find(|f| row.functions.contains(&f.as_str())) {
             return Some((row, f));
         }
     }
@@ -226,6 +228,14 @@ pub fn choose(order: u32, path: &[String], stack: &[String], pages: &Pages) -> R
             "order {order}: the guest (x86-64) has orders 0–{}: the report's kernel had a larger largest \
              order (MAX_PAGE_ORDER: arm64 with 16 or 64 KiB pages, or a custom CONFIG_ARCH_FORCE_MAX_ORDER)",
             pages.max_order
+        ));
+    }
+    if order < 2 {
+        return Err(format!(
+            "{CANNOT_TEST}order {order}: no workload makes a page-allocator block of order {order} \
+             (kmalloc serves up to two pages from its slab caches), and an order-{order} failure is \
+             memory running out, not fragmentation: fraglab shapes free memory, it does not exhaust a \
+             machine"
         ));
     }
     if let Some((row, matched)) = lookup(path) {
@@ -302,13 +312,6 @@ fn missing(path: &[String], stack: &[String]) -> String {
 /// The proxy for `order`: udp-cmsg's control buffer (sock_kmalloc, GFP_KERNEL, logged like the
 /// reports are) reaches any order from 2 (just above the kmalloc caches) to the largest.
 fn proxy(order: u32, pages: &Pages) -> Result<Workload, String> {
-    if order < 2 {
-        return Err(format!(
-            "{CANNOT_TEST}order {order}: no trigger makes a page-allocator block of order {order} (kmalloc serves up to \
-             two pages from its slab caches), and an order-{order} failure is memory running out, not \
-             fragmentation: fraglab shapes free memory, it does not exhaust a machine"
-        ));
-    }
     udp_cmsg(order, pages)
 }
 
