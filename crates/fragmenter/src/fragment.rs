@@ -601,6 +601,7 @@ impl Fragmenter {
         let buddyinfo_before = BuddyInfo::read()?;
 
         let mut arena = Arena::default();
+        arena.prepare_checks();
         let mut fill = PipeFill::default();
         if plan.pin == Pin::Mlock {
             arena.lock()?;
@@ -953,7 +954,7 @@ impl Fragmenter {
                     .collect(),
                 (None, true) => intact_blocks(&self.cut.at, self.plan.nr_orders)?,
             };
-            self.status.moved_pages = moved_pages(&self.arena, &self.kept)?;
+            self.status.moved_pages = self.arena.moved(&self.kept)?;
         }
         let keeping = self.keeper.status();
         self.status.now = Some(self.now(&keeping)?);
@@ -1059,7 +1060,7 @@ impl Fragmenter {
 
     fn look(&mut self, now: bool) -> Result<Option<String>> {
         let (arena, kept, naive) = (&self.arena, &self.kept, self.status.naive);
-        self.keeper.look(now, &mut || if naive { Ok(None) } else { moved_pages(arena, kept).map(Some) })
+        self.keeper.look(now, &mut || if naive { Ok(None) } else { arena.moved(kept).map(Some) })
     }
 
     /// Whether the keeper still takes back the free blocks that form ([`crate::keeper::Keep::Rebreak`]).
@@ -1153,11 +1154,6 @@ impl Fragmenter {
 }
 
 /// Kept pages no longer at the frame they had when the cut was made.
-fn moved_pages(arena: &Arena, kept: &[(usize, u64)]) -> Result<u64> {
-    let pfns = arena.pfns()?;
-    Ok(kept.iter().filter(|&&(i, pfn)| pfns.get(i).is_some_and(|&p| p != pfn)).count() as u64)
-}
-
 /// Every arena page the cut keeps, with its PFN, to notice migration later. Surplus pages are not
 /// kept when they were given back, nor the pages of `traded` runs.
 fn kept_pages(
