@@ -319,7 +319,7 @@ pub fn plan(plan: &Plan, mem_available: u64) -> Vec<(&'static str, String)> {
     if plan.pin == Pin::Mlock {
         sysctls.push("vm.compact_unevictable_allowed = 0");
     }
-    if plan.no_proactive_compaction {
+    if plan.stops_proactive_compaction() {
         sysctls.push("vm.compaction_proactiveness = 0");
     }
     if plan.budget.is_none() {

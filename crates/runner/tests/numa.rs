@@ -412,9 +412,13 @@ fn a_lower_zone_profile_is_a_whole_machine_target_reproduced_exactly() {
     }
     let zone = &begun["zones"][0];
     assert_eq!(numbers(&zone["planned"]), profile, "{zone}");
-    // The cut's blocks, but for those taken while the reserve was re-broken (30–100 % left, per
-    // order, in five runs: docs/fragmenter.md, known limits).
-    mostly_intact(zone, "node 1 DMA32", 25);
+    // The cut's blocks, but for those taken while the reserve was re-broken: kswapd, woken for the
+    // rings' orders, wakes kcompactd, whose free scanner takes them (traced: 706 pages in one run).
+    // Proactive compaction, which took 2 517 in the same run, is off for a whole-machine profile,
+    // and a status refresh faults nothing in (docs/fragmenter.md, known limits).
+    let zone_out = read(&results, "zone.out");
+    assert!(zone_out.contains("sysctl vm.compaction_proactiveness = 0 (was "), "{zone_out}");
+    mostly_intact(zone, "node 1 DMA32", 50);
     let now: BuddyInfo = serde_json::from_value(begun["buddyinfo_now"].clone()).unwrap();
     let got = &now.zone(1, "DMA32").unwrap().free;
     let intact = numbers(&zone["intact"]);
