@@ -26,6 +26,8 @@ use route::{Reach, Route};
 pub const TARGET_FILE: &str = "target.meminfo";
 /// The config.
 pub const CONFIG_FILE: &str = "repro.toml";
+/// Said in the plan and the config when the target is a max free order.
+const NO_FREE_AREAS: &str = "No free areas to build (none printed, or only DMA's)";
 
 /// A report read whole whose failure no guest can test: exit 125, not a bad-input 255.
 #[derive(Debug)]
@@ -123,11 +125,11 @@ pub fn plan(args: &ReproArgs) -> Result<Plan> {
         );
     }
     let pages = Pages::X86_64;
-    let route = route::choose(f.order, &f.path, &f.stack, &pages).map_err(|e| {
-        match e.strip_prefix(route::CANNOT_TEST) {
-            Some(why) => anyhow::Error::new(CannotTest(format!("{name}:{}: {why}", f.line))),
-            None => anyhow::anyhow!("{name}:{}: {e}", f.line),
+    let route = route::choose(f.order, &f.path, &f.stack, &pages).map_err(|e| match e {
+        route::Refusal::CannotTest(why) => {
+            anyhow::Error::new(CannotTest(format!("{name}:{}: {why}", f.line)))
         }
+        route::Refusal::Unlike(why) => anyhow::anyhow!("{name}:{}: {why}", f.line),
     })?;
 
     let cannot = |why: String| anyhow::Error::new(CannotTest(format!("{name}:{}: {why}", f.line)));
@@ -259,14 +261,10 @@ fn guest(report: &Report, target_lines: &[String]) -> Result<(Vec<String>, Strin
 fn config(report: &Report, route: &Route, target_lines: &[String], name: &str) -> String {
     let f = report.chosen();
     let mut c = String::new();
-    let site = f.site.as_ref().map_or_else(|| "(no call trace)".into(), |s| s.to_string());
+    let site = f.site_name();
     let _ = writeln!(c, "# Written by `fraglab repro {name}`: edit and rerun it as any config.");
     let _ = writeln!(c, "# The failure: {}", f.describe());
-    let _ = writeln!(
-        c,
-        "#   call site: {site}; {}",
-        if f.surfaced { "it surfaced (the caller got it)" } else { "the kernel fell back" }
-    );
+    let _ = writeln!(c, "#   call site: {site}; {}", f.outcome());
     if let Some(r) = &f.release {
         let _ = writeln!(c, "#   the reporter's kernel: {r}");
     }
@@ -284,8 +282,7 @@ fn config(report: &Report, route: &Route, target_lines: &[String], name: &str) -
     let _ = writeln!(c, "description = \"{desc}\"\n");
     let _ = writeln!(c, "[fragment]");
     if target_lines.is_empty() {
-        let _ =
-            writeln!(c, "# No free areas to build (none printed, or only DMA's): no free block of the failed order or above.");
+        let _ = writeln!(c, "# {NO_FREE_AREAS}: no free block of the failed order or above.");
         let _ = writeln!(c, "max_free_order = {}", f.order.max(1));
     } else {
         let lines: Vec<String> = f.zones.iter().map(|(l, _)| l.to_string()).collect();
@@ -445,13 +442,7 @@ fn describe(plan: &Plan, args: &ReproArgs) -> String {
     let _ = writeln!(o, "{}: {} lines, {} page allocation failure(s)", r.file, r.lines, r.failures.len());
     for (i, x) in r.failures.iter().enumerate() {
         let mark = if i == r.chosen { "*" } else { " " };
-        let site = x.site.as_ref().map_or_else(|| "no call trace".into(), |s| s.to_string());
-        let how = if x.surfaced {
-            "surfaced".to_string()
-        } else {
-            format!("fell back: {}", x.fallback.as_deref().unwrap_or(""))
-        };
-        let _ = writeln!(o, " {mark} {}; {site}; {how}", x.describe());
+        let _ = writeln!(o, " {mark} {}; {}; {}", x.describe(), x.site_name(), x.outcome());
     }
     let _ = writeln!(o, "reproducing the one marked *: {}", r.why);
     let _ = writeln!(o, "  kernel: {}", f.release.as_deref().unwrap_or("(no CPU: line with a release)"));
@@ -464,11 +455,7 @@ fn describe(plan: &Plan, args: &ReproArgs) -> String {
     }
     let _ = writeln!(o, "target:");
     if plan.target_lines.is_empty() {
-        let _ = writeln!(
-            o,
-            "  no free areas to build (none printed, or only DMA's): max free order {}",
-            f.order.max(1)
-        );
+        let _ = writeln!(o, "  {}: max free order {}", NO_FREE_AREAS.to_lowercase(), f.order.max(1));
     }
     for l in &plan.target_lines {
         let _ = writeln!(o, "  {l}");

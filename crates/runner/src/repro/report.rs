@@ -48,6 +48,20 @@ impl Failure {
         format!("line {}: {comm} order-{} allocation failure{mode}", self.line, self.order)
     }
 
+    /// The call site as a frame, or that the report printed no call trace.
+    pub fn site_name(&self) -> String {
+        self.site.as_ref().map_or_else(|| "(no call trace)".into(), |s| s.to_string())
+    }
+
+    /// `surfaced (the caller got it)`, or `fell back: …` with what the kernel did instead.
+    pub fn outcome(&self) -> String {
+        match (self.surfaced, &self.fallback) {
+            (true, _) => "surfaced (the caller got it)".into(),
+            (false, Some(how)) => format!("fell back: {how}"),
+            (false, None) => "fell back".into(),
+        }
+    }
+
     /// The page size of the report's free areas, in kB: 4 on x86 (and most arm64 builds).
     pub fn page_kb(&self) -> Option<u64> {
         self.zones.first().map(|(_, a)| a.page_kb)

@@ -13,8 +13,14 @@ use serde::Serialize;
 
 use fraglab_workload::trigger::Pages;
 
-/// The start of a [`choose`] error that is no fault of the report's: the lab cannot test it.
-pub const CANNOT_TEST: &str = "cannot test: ";
+/// Why [`choose`] found no way to the allocation.
+#[derive(Debug)]
+pub enum Refusal {
+    /// No fault of the report's: the lab cannot test it (exit 125).
+    CannotTest(String),
+    /// The report's kernel is not one an x86-64 guest can stand for (exit 255).
+    Unlike(String),
+}
 
 /// Whether the workload goes through the report's own call site or only makes an allocation of its
 /// order elsewhere.
@@ -127,7 +133,7 @@ pub const TABLE: &[Row] = &[
         functions: &["____sys_sendmsg", "___sys_sendmsg"],
         path: "sendmsg control data: sock_kmalloc of msg_controllen",
         now_in: &["____sys_sendmsg", "___sys_sendmsg"],
-        workload: udp_cmsg,
+        workload: |order, pages| Ok(udp_cmsg(order, pages)),
     },
     Row {
         functions: &[
@@ -222,28 +228,29 @@ pub fn lookup(path: &[String]) -> Option<(&'static Row, String)> {
 
 /// Choose how to reach an allocation of `order` that failed at `site` with `path` (from the call
 /// site outwards) and this `stack` (as printed, for module names).
-pub fn choose(order: u32, path: &[String], stack: &[String], pages: &Pages) -> Result<Route, String> {
+pub fn choose(order: u32, path: &[String], stack: &[String], pages: &Pages) -> Result<Route, Refusal> {
     if order > pages.max_order {
-        return Err(format!(
+        return Err(Refusal::Unlike(format!(
             "order {order}: the guest (x86-64) has orders 0–{}: the report's kernel had a larger largest \
              order (MAX_PAGE_ORDER: arm64 with 16 or 64 KiB pages, or a custom CONFIG_ARCH_FORCE_MAX_ORDER)",
             pages.max_order
-        ));
+        )));
     }
+    // Every row's workload, and the proxy, can rely on this: kmalloc sizes are only exact from 2.
     if order < 2 {
-        return Err(format!(
-            "{CANNOT_TEST}order {order}: no workload makes a page-allocator block of order {order} \
+        return Err(Refusal::CannotTest(format!(
+            "order {order}: no workload makes a page-allocator block of order {order} \
              (kmalloc serves up to two pages from its slab caches), and an order-{order} failure is \
              memory running out, not fragmentation: fraglab shapes free memory, it does not exhaust a \
              machine"
-        ));
+        )));
     }
     if let Some((row, matched)) = lookup(path) {
         let workload = match (row.workload)(order, pages) {
             Ok(w) => w,
             Err(e) => {
                 let unreachable = format!("the report's trace names {matched} ({}), but {e}", row.path);
-                return proxy_route(order, path, Some(unreachable), stack, pages);
+                return Ok(proxy_route(order, path, Some(unreachable), stack, pages));
             }
         };
         let mut failed_in: Vec<String> =
@@ -262,30 +269,32 @@ pub fn choose(order: u32, path: &[String], stack: &[String], pages: &Pages) -> R
             missing: None,
         });
     }
-    proxy_route(order, path, None, stack, pages)
+    Ok(proxy_route(order, path, None, stack, pages))
 }
 
+/// The proxy for any order from 2 (just above the kmalloc caches) to the largest: udp-cmsg's
+/// control buffer (sock_kmalloc, GFP_KERNEL, logged like the reports are), caught with sendmsg's
+/// entry on its stack.
 fn proxy_route(
     order: u32,
     path: &[String],
     unreachable: Option<String>,
     stack: &[String],
     pages: &Pages,
-) -> Result<Route, String> {
+) -> Route {
     let site = path.first().cloned().unwrap_or_else(|| "(no call trace)".into());
     let missing = unreachable.unwrap_or_else(|| missing(path, stack));
-    let workload = proxy(order, pages)?;
-    Ok(Route {
+    Route {
         reach: Reach::Proxy,
-        failed_in: proxy_in(&workload),
+        workload: udp_cmsg(order, pages),
+        failed_in: vec!["____sys_sendmsg".into(), "___sys_sendmsg".into()],
         reason: format!(
             "no fraglab workload goes through {site}: {}; the proxy makes one order-{order} allocation \
              through another path",
             missing
         ),
         missing: Some(missing),
-        workload,
-    })
+    }
 }
 
 /// What the report's own path needs that a guest does not have.
@@ -306,19 +315,6 @@ fn missing(path: &[String], stack: &[String]) -> String {
     match names.first() {
         Some(f) => format!("the call site {f} has no row in the call-site table (docs/repro.md)"),
         None => "the report printed no call trace".to_string(),
-    }
-}
-
-/// The proxy for `order`: udp-cmsg's control buffer (sock_kmalloc, GFP_KERNEL, logged like the
-/// reports are) reaches any order from 2 (just above the kmalloc caches) to the largest.
-fn proxy(order: u32, pages: &Pages) -> Result<Workload, String> {
-    udp_cmsg(order, pages)
-}
-
-fn proxy_in(w: &Workload) -> Vec<String> {
-    match w.keys.iter().find(|(k, _)| k == "trigger").map(|(_, v)| v.as_str()) {
-        Some("\"udp-cmsg\"") => vec!["____sys_sendmsg".into(), "___sys_sendmsg".into()],
-        _ => Vec::new(),
     }
 }
 
@@ -413,32 +409,29 @@ fn sctp_stream(order: u32, pages: &Pages) -> Result<Workload, String> {
 }
 
 fn ip_msfilter(order: u32, pages: &Pages) -> Result<Workload, String> {
-    if order < 2 {
-        return Err(format!("a kmalloc of order {order} comes from a slab cache, not a fresh block"));
-    }
-    let bytes = kmalloc_bytes(order, pages);
-    Ok(trigger(
-        "ip-msfilter",
-        &[("bytes", size(bytes)), ("repeat", "10".into())],
-        format!("IP_MSFILTER with a {} filter: order {order}, 10 times", size(bytes).trim_matches('"')),
-        false,
-    ))
+    Ok(kmalloc_trigger("ip-msfilter", "IP_MSFILTER with a {} filter", order, pages))
 }
 
-fn udp_cmsg(order: u32, pages: &Pages) -> Result<Workload, String> {
-    if order < 2 {
-        return Err(format!("a kmalloc of order {order} comes from a slab cache, not a fresh block"));
-    }
-    let bytes = kmalloc_bytes(order, pages);
-    Ok(trigger(
+fn udp_cmsg(order: u32, pages: &Pages) -> Workload {
+    kmalloc_trigger(
         "udp-cmsg",
+        "UDP sendmsg with a {} control buffer (sock_kmalloc, GFP_KERNEL)",
+        order,
+        pages,
+    )
+}
+
+/// A trigger whose `bytes` are one kmalloc of exactly `order` (2 and up), 10 times; `what` says
+/// what it does with `{}` for the size.
+fn kmalloc_trigger(name: &str, what: &str, order: u32, pages: &Pages) -> Workload {
+    let bytes = kmalloc_bytes(order, pages);
+    let what = what.replace("{}", size(bytes).trim_matches('"'));
+    trigger(
+        name,
         &[("bytes", size(bytes)), ("repeat", "10".into())],
-        format!(
-            "UDP sendmsg with a {} control buffer (sock_kmalloc, GFP_KERNEL): order {order}, 10 times",
-            size(bytes).trim_matches('"')
-        ),
+        format!("{what}: order {order}, 10 times"),
         false,
-    ))
+    )
 }
 
 fn hugetlb(order: u32, pages: &Pages) -> Result<Workload, String> {
