@@ -530,6 +530,24 @@ mod tests {
     }
 
     #[test]
+    fn proactive_compaction_is_stopped_for_whole_machine_profiles_or_when_asked() {
+        let line =
+            |p: &Plan| text(p, 24 << 30).lines().find(|l| l.starts_with("sysctls: ")).unwrap().to_string();
+        let zone =
+            crate::target::ZoneProfile { node: 1, zone: "DMA32".into(), free: vec![2500, 350, 180], line: 1 };
+        let zones = Target::Zones { zones: vec![zone], skipped: Vec::new() };
+        assert!(line(&plan(zones, None)).contains("vm.compaction_proactiveness = 0"));
+        let profile = Target::Profile { node: None, zone: Some("Normal".into()), free: SEED_000.to_vec() };
+        assert!(line(&plan(profile.clone(), None)).contains("vm.compaction_proactiveness = 0"));
+        assert!(!line(&plan(profile, Some(128 << 20))).contains("compaction_proactiveness"), "a budget");
+        let mfo = Target::MaxFreeOrder { order: 4, free_bytes: 1 << 30 };
+        assert!(!line(&plan(mfo.clone(), None)).contains("compaction_proactiveness"));
+        let mut asked = plan(mfo, Some(128 << 20));
+        asked.no_proactive_compaction = true;
+        assert!(line(&asked).contains("vm.compaction_proactiveness = 0"));
+    }
+
+    #[test]
     fn a_profile_scaled_to_the_budget_says_from_what_to_what() {
         // 82430 pages needed (≈ 322 MiB); 128 MiB is 32768 pages: factor 0.3975.
         let s = text(

@@ -48,7 +48,8 @@ pub struct Plan {
     /// While holding, MemAvailable below this makes fraglab give memory back before the OOM killer
     /// has to act.
     pub floor: u64,
-    /// Set `vm.compaction_proactiveness = 0` while holding.
+    /// Set `vm.compaction_proactiveness = 0` while holding, whatever the target (a whole-machine
+    /// profile always does: [`Plan::stops_proactive_compaction`]).
     pub no_proactive_compaction: bool,
     /// Number of orders of this kernel (`NR_PAGE_ORDERS`), from buddyinfo.
     pub nr_orders: usize,
@@ -1163,7 +1164,6 @@ impl Fragmenter {
     }
 }
 
-/// Kept pages no longer at the frame they had when the cut was made.
 /// Every arena page the cut keeps, with its PFN, to notice migration later. Surplus pages are not
 /// kept when they were given back, nor the pages of `traded` runs.
 fn kept_pages(

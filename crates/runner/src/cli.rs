@@ -319,7 +319,7 @@ pub struct FragmentArgs {
     /// guard acting without exhausting the machine.
     #[arg(long, value_name = "SIZE")]
     pub floor: Option<String>,
-    /// Also set vm.compaction_proactiveness = 0 while holding.
+    /// Also set vm.compaction_proactiveness = 0 while holding (a whole-machine profile always does).
     #[arg(long)]
     pub no_proactive_compaction: bool,
     /// Whole machine, max free order: do not take back free blocks of the order that form while
