@@ -27,7 +27,7 @@ pub const TARGET_FILE: &str = "target.meminfo";
 /// The config.
 pub const CONFIG_FILE: &str = "repro.toml";
 /// Said in the plan and the config when the target is a max free order.
-const NO_FREE_AREAS: &str = "No free areas to build (none printed, or only DMA's)";
+const NO_FREE_AREAS: &str = "no free areas to build (none printed, or only DMA's)";
 
 /// A report read whole whose failure no guest can test: exit 125, not a bad-input 255.
 #[derive(Debug)]
@@ -96,7 +96,7 @@ pub fn run(args: ReproArgs) -> Result<Exit> {
             break;
         }
     }
-    let (verdict, why) = answer(&rounds);
+    let (verdict, why) = answer(&rounds, args.rounds);
     outln!("\nfraglab repro: {}: {why}", verdict_name(verdict));
     Ok(match verdict {
         Verdict::Reproduced => Exit::Failed,
@@ -230,12 +230,11 @@ fn guest(report: &Report, target_lines: &[String]) -> Result<(Vec<String>, Strin
     let most = available.saturating_sub(1 << 10);
     match crate::vm::numa::nodes_for(&lines, most) {
         Ok(nodes) => {
-            let each: Vec<String> =
-                nodes.iter().map(|n| format!("{} MiB ({})", n.mib, n.zones.join(", "))).collect();
+            let each: Vec<String> = nodes.iter().map(|n| n.describe()).collect();
             Ok((
                 vec!["--numa-from".into(), TARGET_FILE.into()],
                 format!(
-                    "a node each as the report's, sized for its lines unscaled: {}; {ram}",
+                    "a node each as the report's, sized for its lines unscaled, and a spare node for the reserve: {}; {ram}",
                     each.join(", ")
                 ),
             ))
@@ -282,7 +281,7 @@ fn config(report: &Report, route: &Route, target_lines: &[String], name: &str) -
     let _ = writeln!(c, "description = \"{desc}\"\n");
     let _ = writeln!(c, "[fragment]");
     if target_lines.is_empty() {
-        let _ = writeln!(c, "# {NO_FREE_AREAS}: no free block of the failed order or above.");
+        let _ = writeln!(c, "# The report has {NO_FREE_AREAS}: no free block of the failed order or above.");
         let _ = writeln!(c, "max_free_order = {}", f.order.max(1));
     } else {
         let lines: Vec<String> = f.zones.iter().map(|(l, _)| l.to_string()).collect();
@@ -378,22 +377,22 @@ fn judge(plan: &Plan, dir: &Path, exit: Exit) -> (Verdict, String) {
             caught.iter().map(|c| c.count()).sum::<u64>()
         );
     }
-    if let Some(status) = &run.record.fragment {
-        for z in &status.zones {
+    // The report's free areas beside the guest's buddyinfo line when the hold began, per zone: the
+    // machine the failure met, against the one the lab made (scaled when the guest is smaller).
+    if let Some(fidelity) = run.record.fragment.as_ref().and_then(|s| s.fidelity_at_hold.as_ref()) {
+        let nums = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(" ");
+        for z in &fidelity.zones {
             let report = f.zones.iter().find(|(_, a)| {
-                let label =
-                    format!("Node {}, zone {}", a.node.unwrap_or(0), a.zone.as_deref().unwrap_or("?"));
-                label == z.zone
+                format!("Node {}, zone {}", a.node.unwrap_or(0), a.zone.as_deref().unwrap_or("?")) == z.zone
             });
-            let nums = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(" ");
             let _ = write!(
                 why,
-                "\n  {}: report {} | planned {} (scale {:.2}) | intact {}",
+                "\n  {}: report {} | asked {} | had {} when the hold began ({})",
                 z.zone,
-                report.map_or_else(|| "-".into(), |(_, a)| nums(&a.free)),
-                nums(&z.planned),
-                z.scale,
-                nums(&z.intact)
+                report.map_or_else(|| "-".into(), |(_, a)| nums(&a.free[..z.target.len().min(a.free.len())])),
+                nums(&z.target),
+                nums(&z.achieved),
+                if z.within { "within" } else { "off the profile" }
             );
         }
     }
@@ -407,12 +406,13 @@ fn judge(plan: &Plan, dir: &Path, exit: Exit) -> (Verdict, String) {
     (verdict, why)
 }
 
-/// The rounds together: reproduced in any, not reproduced only when every round said so.
-fn answer(rounds: &[(Verdict, String)]) -> (Verdict, String) {
+/// The rounds together (of `asked`; a reproduced round ends them): reproduced in any, not
+/// reproduced only when every round said so.
+fn answer(rounds: &[(Verdict, String)], asked: u32) -> (Verdict, String) {
     if let Some((i, r)) = rounds.iter().enumerate().find(|(_, r)| r.0 == Verdict::Reproduced) {
         return (
             Verdict::Reproduced,
-            format!("in round {} of {}: {}", i + 1, rounds.len(), r.1.lines().next().unwrap_or("")),
+            format!("in round {} of {asked}: {}", i + 1, r.1.lines().next().unwrap_or("")),
         );
     }
     if rounds.iter().all(|r| r.0 == Verdict::NotReproduced) {
@@ -455,7 +455,7 @@ fn describe(plan: &Plan, args: &ReproArgs) -> String {
     }
     let _ = writeln!(o, "target:");
     if plan.target_lines.is_empty() {
-        let _ = writeln!(o, "  {}: max free order {}", NO_FREE_AREAS.to_lowercase(), f.order.max(1));
+        let _ = writeln!(o, "  {NO_FREE_AREAS}: max free order {}", f.order.max(1));
     }
     for l in &plan.target_lines {
         let _ = writeln!(o, "  {l}");

@@ -331,6 +331,7 @@ fn trigger(name: &str, more: &[(&str, String)], what: String, needs_sctp: bool) 
 /// Bytes for a kmalloc'd buffer whose page-allocator block is exactly `order`: one page past the
 /// order below, so `get_order()` is `order`.
 fn kmalloc_bytes(order: u32, pages: &Pages) -> u64 {
+    debug_assert!(order >= 2, "choose refuses orders below 2 before any row's workload");
     (pages.page_size << (order - 1)) + pages.page_size
 }
 

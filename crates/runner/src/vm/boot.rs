@@ -116,11 +116,8 @@ fn nodes_from(file: &Path) -> Result<Vec<u64>> {
     let available = fraglab_fragmenter::fragment::mem_available()? >> 20;
     let nodes = super::numa::nodes_for(&lines, available.saturating_sub(1 << 10))
         .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
-    let each: Vec<String> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| format!("node {i} {} MiB ({})", n.mib, n.zones.join(", ")))
-        .collect();
+    let each: Vec<String> =
+        nodes.iter().enumerate().map(|(i, n)| format!("node {i} {}", n.describe())).collect();
     errln!("fraglab vm: nodes from {}: {}", file.display(), each.join("; "));
     Ok(nodes.into_iter().map(|n| n.mib).collect())
 }
