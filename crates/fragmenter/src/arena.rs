@@ -92,7 +92,8 @@ impl Arena {
     /// How many of `kept` (arena page index and the PFN it had, sorted by index) are not at that
     /// PFN now: migrated, or hidden (pagemap shows no frame). Reads pagemap a window at a time into
     /// the buffers [`Arena::prepare_checks`] made, one share of `kept` per CPU, so a check during
-    /// the hold copies no pagemap into fresh memory (what is left is a few stack pages a thread); without those buffers it says so rather than allocate.
+    /// the hold copies no pagemap into fresh memory (what is left is a few stack pages a thread);
+    /// without those buffers it says so rather than allocate.
     pub fn moved(&self, kept: &[(usize, u64)]) -> Result<u64> {
         debug_assert!(kept.is_sorted(), "kept pages are listed in arena order");
         if self.windows.is_empty() {

@@ -27,16 +27,19 @@ const SPARE_MIB: u64 = 1024;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
     pub mib: u64,
-    /// The zones of the file's lines on this node; none for the spare node.
+    /// The zones of the file's lines on this node (none when the file skips the node).
     pub zones: Vec<String>,
+    /// The node after the file's, with no line, for the reserve.
+    pub spare: bool,
 }
 
 impl Node {
     /// `640 MiB (DMA, DMA32)`, or the spare node's `1024 MiB (spare: the reserve's)`.
     pub fn describe(&self) -> String {
-        match self.zones.is_empty() {
-            true => format!("{} MiB (spare: the reserve's)", self.mib),
-            false => format!("{} MiB ({})", self.mib, self.zones.join(", ")),
+        match (self.spare, self.zones.is_empty()) {
+            (true, _) => format!("{} MiB (spare: the reserve's)", self.mib),
+            (false, true) => format!("{} MiB (no line)", self.mib),
+            (false, false) => format!("{} MiB ({})", self.mib, self.zones.join(", ")),
         }
     }
 }
@@ -85,7 +88,7 @@ pub fn nodes_for(lines: &[ZoneProfile], most_mib: u64) -> Result<Vec<Node>, Stri
             // Its Normal part begins where the hole does, or where it starts if later.
             mib = mib.max(round(offset.max(LOWMEM_MIB) + normal + BASE_MIB) - offset);
         }
-        nodes.push(Node { mib, zones });
+        nodes.push(Node { mib, zones, spare: false });
         offset += mib;
     }
     if nodes.iter().any(|n| n.zones.iter().any(|z| z == "Normal")) && offset < SPLIT_MIB {
@@ -95,7 +98,7 @@ pub fn nodes_for(lines: &[ZoneProfile], most_mib: u64) -> Result<Vec<Node>, Stri
     }
     // Eight nodes are all a guest has: the file's then cover it, and the reserve lands in them.
     if count < 8 {
-        nodes.push(Node { mib: SPARE_MIB, zones: Vec::new() });
+        nodes.push(Node { mib: SPARE_MIB, zones: Vec::new(), spare: true });
         offset += SPARE_MIB;
     }
     if offset > most_mib {
@@ -130,8 +133,12 @@ mod tests {
         // Node 1: 2 × (4354 + 2·5022 + 4·5019 + 8·5012) pages = 582 MiB, + 384 → 1024 MiB.
         // And the spare node, for the reserve.
         assert_eq!(nodes.iter().map(|n| n.mib).collect::<Vec<_>>(), [640, 1024, 1024]);
-        assert!(nodes[2].zones.is_empty() && nodes[2].describe() == "1024 MiB (spare: the reserve's)");
+        assert!(nodes[2].spare && nodes[2].describe() == "1024 MiB (spare: the reserve's)");
         assert_eq!(nodes[0].zones, ["DMA", "DMA32"]);
+        // A node the file skips is the file's, not the spare.
+        let skipped = nodes_for(&lines("Node 1, zone DMA32 10 0 0 0 0 0 0 0 0 0 0\n"), 1 << 20).unwrap();
+        let said: Vec<String> = skipped.iter().map(Node::describe).collect();
+        assert_eq!(said, ["384 MiB (no line)", "512 MiB (DMA32)", "1024 MiB (spare: the reserve's)"]);
         assert!(nodes.iter().map(|n| n.mib).sum::<u64>() < 3 << 10, "all of it DMA32, as the file's");
     }
 
